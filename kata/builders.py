@@ -1,0 +1,171 @@
+"""Builds the vendor library of a flawed/ directory, the planted library of the library-path
+probe, and the fixed/ extension; each build says in one line what is missing when it cannot run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kata import FIXED_DIR, REPO_ROOT, KataError
+
+LIBRARY_NAME = "custom_attention.so"
+STAMP_NAME = ".custom_attention.build"
+CPU_SOURCE = "vendor/custom_attention_cpu.cpp"
+CUDA_SOURCE = "vendor/custom_attention.cu"
+BUILD_DIR = REPO_ROOT / "build"
+
+
+def machine_flavour() -> str:
+    """'cuda' when torch sees a usable CUDA device, else 'cpu': the vendor build to use."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _require_tool(tool: str, purpose: str, remedy: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise KataError(f"cannot {purpose}: {tool} not found on PATH ({remedy})")
+    return path
+
+
+def _run_compiler(command: list[str], purpose: str) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        output = (result.stderr or result.stdout).strip()
+        raise KataError(f"cannot {purpose}: {Path(command[0]).name} failed:\n{output}")
+
+
+def _sources_digest(directory: Path, sources: list[str]) -> str:
+    digest = hashlib.sha256()
+    for name in sources:
+        path = directory / name
+        digest.update(name.encode())
+        digest.update(path.read_bytes() if path.exists() else b"<missing>")
+    return digest.hexdigest()
+
+
+def _vendor_sources(directory: Path, flavour: str) -> list[str]:
+    main = CUDA_SOURCE if flavour == "cuda" else CPU_SOURCE
+    headers = sorted(str(p.relative_to(directory)) for p in (directory / "vendor").glob("*.h"))
+    return [main, *headers]
+
+
+def vendor_library_is_current(directory: Path, flavour: str) -> bool:
+    library, stamp = directory / LIBRARY_NAME, directory / STAMP_NAME
+    if not library.exists() or not stamp.exists():
+        return False
+    try:
+        recorded = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return False
+    expected = _sources_digest(directory, _vendor_sources(directory, flavour))
+    return recorded == {"flavour": flavour, "sources": expected}
+
+
+def build_vendor_library(directory: Path, flavour: str | None = None, force=False) -> Path:
+    """Build <directory>/custom_attention.so for this machine unless it is already current."""
+    directory = Path(directory).resolve()
+    flavour = flavour or machine_flavour()
+    library = directory / LIBRARY_NAME
+    if not force and vendor_library_is_current(directory, flavour):
+        return library
+    sources = _vendor_sources(directory, flavour)
+    main_source = directory / sources[0]
+    purpose = f"build {library}"
+    if not main_source.exists():
+        raise KataError(f"cannot {purpose}: {main_source} is missing")
+    if flavour == "cuda":
+        compiler = _require_tool("nvcc", purpose, "install the CUDA toolkit or put it on PATH")
+        arch = _cuda_arch()
+        flags = ["-O3", "-shared", "-Xcompiler", "-fPIC", f"-arch={arch}"]
+    else:
+        compiler = _require_tool("g++", purpose, "install a C++ compiler: apt-get install g++")
+        flags = ["-O2", "-shared", "-fPIC"]
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+        partial = Path(scratch) / LIBRARY_NAME
+        _run_compiler([compiler, *flags, str(main_source), "-o", str(partial)], purpose)
+        os.replace(partial, library)  # never leave a half-written library behind
+    stamp = {"flavour": flavour, "sources": _sources_digest(directory, sources)}
+    (directory / STAMP_NAME).write_text(json.dumps(stamp))
+    return library
+
+
+def _cuda_arch() -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+PLANTED_SOURCE = r"""
+// A library planted in the working directory by the library-path probe. Loading it leaves
+// a marker file behind; calling it writes NaN, so a planted load can never pass as correct.
+#include <math.h>
+#include <stdio.h>
+
+__attribute__((constructor)) static void mark_loaded(void) {
+    FILE* marker = fopen("PLANTED_LIBRARY_WAS_LOADED", "w");
+    if (marker) fclose(marker);
+}
+
+int launch_attention_kernel(const float* q, const float* k, const float* v, float* out,
+                            int batch_size, int seq_len) {
+    for (long i = 0; i < (long)batch_size * seq_len * 64; ++i) out[i] = NAN;
+    return 0;
+}
+"""
+PLANTED_MARKER = "PLANTED_LIBRARY_WAS_LOADED"
+
+
+def build_planted_library() -> Path:
+    """The impostor custom_attention.so of the library-path probe (host code only)."""
+    target = BUILD_DIR / "planted" / LIBRARY_NAME
+    if target.exists():
+        return target
+    purpose = "build the planted library of the library-path probe"
+    compiler = _require_tool("gcc", purpose, "install a C compiler: apt-get install gcc")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source = target.parent / "planted.c"
+    source.write_text(PLANTED_SOURCE)
+    partial = target.with_suffix(".partial")
+    _run_compiler([compiler, "-O1", "-shared", "-fPIC", str(source), "-o", str(partial)], purpose)
+    os.replace(partial, target)
+    return target
+
+
+def build_fixed() -> None:
+    """Build (or find already built) the fixed/ extension, in a child so a compiler crash or a
+    missing tool becomes one clear error here."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", "import fixed"],
+        cwd=FIXED_DIR.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+        detail = "\n".join(lines[-15:])
+        raise KataError(f"cannot build fixed/: importing it failed:\n{detail}")
+
+
+def compile_check_cuda(sources: list[Path], arch: str = "sm_90") -> None:
+    """Compile pure CUDA sources with nvcc (no GPU needed, nothing runs)."""
+    purpose = "compile-check CUDA sources"
+    nvcc = _require_tool("nvcc", purpose, "install the CUDA toolkit or put it on PATH")
+    with tempfile.TemporaryDirectory() as scratch:
+        for source in sources:
+            output = Path(scratch) / (source.stem + ".o")
+            _run_compiler([nvcc, f"-arch={arch}", "-c", str(source), "-o", str(output)], purpose)

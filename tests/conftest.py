@@ -1,0 +1,51 @@
+"""Shared fixtures: one review of fixed/ and one of the shipped flawed/ per session (every probe
+runs in its own process, so both reviews run once and the per-flaw tests read their results)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kata import FLAWED_DIR, builders
+from kata.catalog import CATALOG, Need
+from kata.review import Review, resolve_implementation, run_review
+
+NEED_MARKS = {
+    Need.CUDA: pytest.mark.cuda,
+    Need.TWO_GPUS: pytest.mark.multigpu,
+    Need.BIG_MEMORY: pytest.mark.bigmem,
+}
+
+
+def flaw_params():
+    """One pytest.param per catalog entry, id'd and marked by flaw id and by what it needs."""
+    return [
+        pytest.param(
+            flaw,
+            id=flaw.id,
+            marks=[pytest.mark.flaw(flaw.id), *(NEED_MARKS[need] for need in flaw.needs)],
+        )
+        for flaw in CATALOG
+    ]
+
+
+def result_of(review: Review, flaw_id: str):
+    result = next(r.result for r in review.reports if r.flaw.id == flaw_id)
+    if result.status == "skipped":
+        pytest.skip(f"{flaw_id}: {result.evidence}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def fixed_review() -> Review:
+    return run_review(resolve_implementation("fixed"))
+
+
+@pytest.fixture(scope="session")
+def flawed_review() -> Review:
+    return run_review(resolve_implementation("flawed"))
+
+
+@pytest.fixture(scope="session")
+def flawed_library():
+    """The shipped flawed/ with its vendor library built for this machine."""
+    return builders.build_vendor_library(FLAWED_DIR)

@@ -1,0 +1,229 @@
+"""The harness itself: isolation, the review's output, builders, hints, catalog and rubric."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from kata import FLAWED_DIR, REPO_ROOT, KataError, builders, shipped
+from kata.catalog import CATALOG
+from kata.hints import next_hint
+from kata.probes import PROBES
+from kata.review import resolve_implementation, run_review
+
+FAST_PROBES = ["shape", "contiguity"]  # two cheap probes: enough to see a review complete
+
+
+@pytest.fixture
+def candidate(tmp_path, flawed_library):
+    """A copy of the shipped flawed/ (vendor library included) whose wrapper a test rewrites."""
+    copy = tmp_path / "candidate"
+    shutil.copytree(FLAWED_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def with_wrapper(source: str):
+        (copy / "attention_wrapper.py").write_text(source)
+        return resolve_implementation(str(copy))
+
+    return with_wrapper
+
+
+def statuses(review):
+    return {r.flaw.id: (r.result.status, r.result.evidence) for r in review.reports}
+
+
+# ------------------------------------------------------------------------------- isolation
+
+
+def test_segfaulting_candidate_is_present_with_the_signal(candidate):
+    impl = candidate("import ctypes\n\ndef fast_attention(q, k, v):\n    ctypes.string_at(0)\n")
+    review = run_review(impl, only=FAST_PROBES)
+    assert len(review.reports) == len(FAST_PROBES)
+    for status, evidence in statuses(review).values():
+        assert status == "present"
+        assert "process died with SIGSEGV" in evidence
+
+
+def test_hanging_candidate_is_present_with_the_time_limit(candidate):
+    impl = candidate("def fast_attention(q, k, v):\n    while True:\n        pass\n")
+    review = run_review(impl, only=FAST_PROBES, timeout=8)
+    for status, evidence in statuses(review).values():
+        assert status == "present"
+        assert evidence.startswith("timed out after 8 s")
+
+
+def test_syntax_broken_candidate_is_present_with_the_error(candidate):
+    impl = candidate("def fast_attention(q, k, v:\n    return q\n")
+    review = run_review(impl, only=FAST_PROBES)
+    for status, evidence in statuses(review).values():
+        assert status == "present"
+        assert "SyntaxError" in evidence
+
+
+def test_review_grades_a_candidates_edit(candidate):
+    """A dtype check added to the shipped wrapper turns dtype to fixed, and only dtype."""
+    shipped_source = (FLAWED_DIR / "attention_wrapper.py").read_text()
+    check = (
+        "def fast_attention(query, key, value):\n"
+        "    for tensor in (query, key, value):\n"
+        "        if tensor.dtype != torch.float32:\n"
+        "            raise TypeError(f'fast_attention needs float32, got {tensor.dtype}')\n"
+    )
+    edited = shipped_source.replace("def fast_attention(query, key, value):\n", check)
+    assert edited != shipped_source
+    review = run_review(candidate(edited), only=["dtype", "contiguity"])
+    result = statuses(review)
+    assert result["dtype"][0] == "fixed", result["dtype"][1]
+    assert "TypeError" in result["dtype"][1]
+    assert result["contiguity"][0] == "present"
+
+
+def test_broken_vendor_build_is_evidence_not_a_crash(candidate, tmp_path):
+    impl = candidate((FLAWED_DIR / "attention_wrapper.py").read_text())
+    (impl.path / builders.CPU_SOURCE).write_text("this is not C++\n")
+    (impl.path / builders.CUDA_SOURCE).write_text("this is not CUDA\n")
+    review = run_review(impl, only=FAST_PROBES)
+    for status, evidence in statuses(review).values():
+        assert status == "present"
+        assert evidence.startswith("the vendor library did not build")
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def run_kata(*args, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "kata", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        **kwargs,
+    )
+
+
+def test_review_json_has_exactly_the_documented_shape():
+    completed = run_kata("review", "--impl", "fixed", "--json", "--only", "contiguity")
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    assert set(report) == {"implementation", "device", "flaws", "score"}
+    assert report["implementation"] == "fixed"
+    assert isinstance(report["device"], str) and report["device"]
+    [flaw] = report["flaws"]
+    assert set(flaw) == {"id", "title", "status", "evidence", "points"}
+    assert flaw["id"] == "contiguity" and flaw["status"] == "fixed"
+    assert report["score"] == {"earned": 8, "possible": 8}
+
+
+def test_possible_points_count_only_flaws_that_ran(fixed_review):
+    ran = [r for r in fixed_review.reports if r.result.status != "skipped"]
+    assert fixed_review.possible == sum(r.flaw.points for r in ran)
+    assert fixed_review.earned == fixed_review.possible
+
+
+def test_review_of_a_directory_without_a_wrapper_is_one_clear_error(tmp_path):
+    completed = run_kata("review", "--impl", str(tmp_path))
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [
+        f"kata: {tmp_path} is not a copy of flawed/: it has no attention_wrapper.py"
+    ]
+
+
+def test_missing_compiler_is_one_clear_line(candidate, tmp_path):
+    impl = candidate((FLAWED_DIR / "attention_wrapper.py").read_text())
+    (impl.path / builders.LIBRARY_NAME).unlink()  # so the build must run a compiler
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    completed = run_kata("build", "--impl", str(impl.path), env={"PATH": str(empty)})
+    # Only a CPU machine builds with g++; a CUDA one needs nvcc. Either must be named.
+    assert completed.returncode == 2
+    [line] = completed.stderr.strip().splitlines()
+    assert re.fullmatch(r"kata: cannot build .*: (g\+\+|nvcc) not found on PATH \(.*\)", line)
+
+
+def test_hints_advance_one_level_per_call_and_stop_at_the_last(tmp_path):
+    state = tmp_path / "hints.json"
+    flaw = CATALOG[0]
+    for level in (1, 2, 3, 3):
+        text = next_hint(flaw.id, state)
+        assert f"Hint {level} of {len(flaw.hints)}" in text
+        assert flaw.hints[level - 1] in text
+    assert json.loads(state.read_text()) == {flaw.id: 3}
+    with pytest.raises(KataError, match="unknown flaw id 'nope'"):
+        next_hint("nope", state)
+
+
+def test_hint_command_names_unknown_ids():
+    completed = run_kata("hint", "no-such-flaw")
+    assert completed.returncode != 0
+    assert "unknown flaw id" in completed.stderr
+
+
+# -------------------------------------------------------------------------------- builders
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_vendor_cuda_source_compiles_with_nvcc():
+    builders.compile_check_cuda([FLAWED_DIR / builders.CUDA_SOURCE])
+
+
+def test_stale_vendor_library_is_rebuilt(candidate):
+    impl = candidate((FLAWED_DIR / "attention_wrapper.py").read_text())
+    assert (
+        builders.vendor_library_is_current(impl.path, "cpu") or builders.machine_flavour() != "cpu"
+    )
+    source = impl.path / builders.CPU_SOURCE
+    source.write_text(source.read_text() + "\n// edited\n")
+    assert not builders.vendor_library_is_current(impl.path, "cpu")
+    builders.build_vendor_library(impl.path, "cpu")
+    assert builders.vendor_library_is_current(impl.path, "cpu")
+
+
+def test_shipped_checksums_notice_an_edit(tmp_path):
+    copy = tmp_path / "flawed"
+    shutil.copytree(FLAWED_DIR, copy)
+    before = shipped.changed_files(copy)
+    (copy / "attention_wrapper.py").write_text("# edited\n")
+    (copy / "notes.txt").write_text("added\n")
+    assert shipped.changed_files(copy) == sorted({*before, "attention_wrapper.py", "notes.txt"})
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true", reason="only on CI's clean clone (CI=true)")
+def test_flawed_is_as_shipped_on_a_clean_clone():
+    assert shipped.changed_files() == [], "kata/shipped_flawed.json is stale: run kata checksum"
+
+
+# --------------------------------------------------------------------- catalog and rubric
+
+
+def test_catalog_ids_are_unique_and_points_total_100():
+    ids = [flaw.id for flaw in CATALOG]
+    assert len(ids) == len(set(ids)) == 12
+    assert sum(flaw.points for flaw in CATALOG) == 100
+
+
+def test_every_flaw_has_three_hints_and_a_location():
+    for flaw in CATALOG:
+        assert len(flaw.hints) == 3 and all(flaw.hints), flaw.id
+        assert flaw.where, flaw.id
+
+
+def test_every_cpu_visible_flaw_has_a_probe():
+    assert {flaw.id for flaw in CATALOG if flaw.cpu_visible} <= PROBES.keys()
+    assert PROBES.keys() <= {flaw.id for flaw in CATALOG}
+
+
+def test_rubric_has_one_section_per_flaw_with_the_catalogs_points():
+    rubric = (REPO_ROOT / "rubric.md").read_text()
+    sections = re.findall(
+        r"^## `([a-z0-9-]+)`: (.+?)\n+\*\*Points: (\d+)\*\*", rubric, flags=re.MULTILINE
+    )
+    found = [(flaw_id, int(points)) for flaw_id, _, points in sections]
+    assert found == [(flaw.id, flaw.points) for flaw in CATALOG]
+    titles = {flaw_id: title for flaw_id, title, _ in sections}
+    for flaw in CATALOG:
+        assert titles[flaw.id] == flaw.title, flaw.id
