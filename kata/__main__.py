@@ -49,11 +49,11 @@ def _build(args) -> int:
 
 
 def _check_cuda(args) -> int:
-    from kata.builders import compile_check_cuda
+    from kata.builders import PURE_CUDA_SOURCES, compile_check_cuda
 
-    sources = [FLAWED_DIR / "vendor" / "custom_attention.cu"]
-    compile_check_cuda(sources, arch=args.arch)
-    print(f"nvcc -arch={args.arch}: " + ", ".join(str(s.relative_to(REPO_ROOT)) for s in sources))
+    compile_check_cuda(PURE_CUDA_SOURCES, arch=args.arch)
+    names = ", ".join(str(source.relative_to(REPO_ROOT)) for source in PURE_CUDA_SOURCES)
+    print(f"nvcc -arch={args.arch} compiles {names}")
     return 0
 
 

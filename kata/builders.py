@@ -107,8 +107,8 @@ def _cuda_arch() -> str:
 
 PLANTED_SOURCE = r"""
 // A library planted in the working directory by the library-path probe. Loading it leaves
-// a marker file behind; calling it writes NaN, so a planted load can never pass as correct.
-#include <math.h>
+// a marker file behind; calling it computes nothing and touches no buffer (they may live on a
+// GPU), so a planted load can never pass as correct.
 #include <stdio.h>
 
 __attribute__((constructor)) static void mark_loaded(void) {
@@ -118,7 +118,6 @@ __attribute__((constructor)) static void mark_loaded(void) {
 
 int launch_attention_kernel(const float* q, const float* k, const float* v, float* out,
                             int batch_size, int seq_len) {
-    for (long i = 0; i < (long)batch_size * seq_len * 64; ++i) out[i] = NAN;
     return 0;
 }
 """
@@ -128,12 +127,12 @@ PLANTED_MARKER = "PLANTED_LIBRARY_WAS_LOADED"
 def build_planted_library() -> Path:
     """The impostor custom_attention.so of the library-path probe (host code only)."""
     target = BUILD_DIR / "planted" / LIBRARY_NAME
-    if target.exists():
+    source = target.parent / "planted.c"
+    if target.exists() and source.exists() and source.read_text() == PLANTED_SOURCE:
         return target
     purpose = "build the planted library of the library-path probe"
     compiler = _require_tool("gcc", purpose, "install a C compiler: apt-get install gcc")
     target.parent.mkdir(parents=True, exist_ok=True)
-    source = target.parent / "planted.c"
     source.write_text(PLANTED_SOURCE)
     partial = target.with_suffix(".partial")
     _run_compiler([compiler, "-O1", "-shared", "-fPIC", str(source), "-o", str(partial)], purpose)
@@ -161,11 +160,19 @@ def build_fixed() -> None:
         raise KataError(f"cannot build fixed/: importing it failed:\n{detail}")
 
 
-def compile_check_cuda(sources: list[Path], arch: str = "sm_90") -> None:
+# Pure CUDA sources (no torch headers): nvcc compiles them on a machine without a GPU.
+PURE_CUDA_SOURCES = (
+    REPO_ROOT / "flawed" / CUDA_SOURCE,
+    FIXED_DIR / "csrc" / "attention_kernels.cuh",
+)
+
+
+def compile_check_cuda(sources=PURE_CUDA_SOURCES, arch: str = "sm_90") -> None:
     """Compile pure CUDA sources with nvcc (no GPU needed, nothing runs)."""
     purpose = "compile-check CUDA sources"
     nvcc = _require_tool("nvcc", purpose, "install the CUDA toolkit or put it on PATH")
     with tempfile.TemporaryDirectory() as scratch:
         for source in sources:
             output = Path(scratch) / (source.stem + ".o")
-            _run_compiler([nvcc, f"-arch={arch}", "-c", str(source), "-o", str(output)], purpose)
+            command = [nvcc, f"-arch={arch}", "-x", "cu", "-c", str(source), "-o", str(output)]
+            _run_compiler(command, purpose)

@@ -51,6 +51,7 @@ def main(spec_json: str) -> None:
         seed=spec["seed"],
         device=spec["device"],
         report_case=lambda name: emit({"case": name}),
+        report_failure=lambda text: emit({"failure": text}),
         planted_library=Path(spec["planted_library"]) if spec.get("planted_library") else None,
     )
     try:
@@ -58,6 +59,13 @@ def main(spec_json: str) -> None:
         result = {"status": verdict.status, "evidence": verdict.evidence}
     except ImplementationImportError as error:
         result = {"status": "present", "evidence": str(error)}
+    except Exception as error:
+        # The implementation left the process unable to go on (a poisoned CUDA context, say):
+        # the parent joins this to the failures already reported.
+        from kata.probes import _first_line
+
+        emit({"stopped": f"the probe could not go on: {_first_line(error)}"})
+        return
     emit({"verdict": result})
 
 

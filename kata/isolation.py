@@ -82,11 +82,18 @@ def run_isolated(
     last_case = cases[-1] if cases else None
     during = f" during case '{last_case}'" if last_case else ""
     verdicts = [m["verdict"] for m in messages if "verdict" in m]
-    if timed_out:
-        return ProbeResult("present", f"timed out after {timeout:g} s{during}", last_case)
-    if verdicts and process.returncode == 0:
+    if verdicts and process.returncode == 0 and not timed_out:
         return ProbeResult(verdicts[-1]["status"], verdicts[-1]["evidence"], last_case)
-    return ProbeResult("present", _death(process.returncode, stderr) + during, last_case)
+    # No verdict: what was found before the end, then how it ended.
+    found = [m["failure"] for m in messages if "failure" in m]
+    stopped = [m["stopped"] for m in messages if "stopped" in m]
+    if timed_out:
+        end = f"timed out after {timeout:g} s{during}"
+    elif stopped:
+        end = stopped[-1] + during
+    else:
+        end = _death(process.returncode, stderr) + during
+    return ProbeResult("present", "; ".join([*found, end]), last_case)
 
 
 def _messages(stdout: bytes) -> list[dict]:

@@ -45,6 +45,8 @@ class ProbeContext:
     seed: int
     device: str
     report_case: Callable[[str], None] = lambda name: None
+    # Failures are sent as they are found, so that they survive a later crash of the process.
+    report_failure: Callable[[str], None] = lambda text: None
     planted_library: Path | None = None
     _fast_attention: Callable | None = field(default=None, repr=False)
 
@@ -107,8 +109,16 @@ def _check_result(name, result, expected, inputs) -> str | None:
     return None
 
 
-def correct_or_loud(ctx, name, inputs, keywords, *, expected=None, defined=True, **kwargs):
-    """Judge one call. `defined=False`: the inputs have no answer, only a loud error will do."""
+def correct_or_loud(ctx, name, inputs, keywords, **options):
+    """Judge one call: (failure or None, note). `defined=False` in options: the inputs have no
+    answer, only a loud error will do."""
+    failure, note = _judge_call(ctx, name, inputs, keywords, **options)
+    if failure:
+        ctx.report_failure(failure)
+    return failure, note
+
+
+def _judge_call(ctx, name, inputs, keywords, *, expected=None, defined=True, **kwargs):
     ctx.report_case(name)
     fast_attention = ctx.fast_attention
     try:
@@ -391,6 +401,8 @@ def probe_host_alloc(ctx: ProbeContext) -> Verdict:
         torch.cuda.set_sync_debug_mode(0)
     if failure := _poisoned_context():
         findings.append(failure)
+    for finding in findings:
+        ctx.report_failure(finding)
     if findings:
         return Verdict("present", "; ".join(findings))
     return Verdict("fixed", "no host-to-device copy and no host synchronisation inside a call")
@@ -420,6 +432,7 @@ def probe_stream(ctx: ProbeContext) -> Verdict:
             f"output consumed on the current stream was wrong in {len(wrong)}/{STREAM_TRIALS} "
             f"trials (relative error up to {max(wrong):.2g}): the kernel is not ordered on it"
         )
+        ctx.report_failure(findings[-1])
 
     ctx.report_case("CUDA graph: capture one call, replay on new inputs")
     static = ctx.inputs(4, 256, 64)

@@ -49,6 +49,20 @@ def test_segfaulting_candidate_is_present_with_the_signal(candidate):
         assert "process died with SIGSEGV" in evidence
 
 
+def test_failures_found_before_a_crash_stay_in_the_evidence(candidate):
+    """A wrong first answer, then a segfault: the evidence keeps both."""
+    source = (
+        "import ctypes\n\ncalls = 0\n\n\ndef fast_attention(q, k, v):\n"
+        "    global calls\n    calls += 1\n    if calls > 1:\n        ctypes.string_at(0)\n"
+        "    return q.clone()\n"
+    )
+    review = run_review(candidate(source), only=["contiguity"])
+    [(status, evidence)] = statuses(review).values()
+    assert status == "present"
+    assert evidence.startswith("transposed query: wrong result")
+    assert evidence.endswith("process died with SIGSEGV during case 'sliced key'")
+
+
 def test_hanging_candidate_is_present_with_the_time_limit(candidate):
     impl = candidate("def fast_attention(q, k, v):\n    while True:\n        pass\n")
     review = run_review(impl, only=FAST_PROBES, timeout=8)
@@ -167,8 +181,9 @@ def test_hint_command_names_unknown_ids():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_vendor_cuda_source_compiles_with_nvcc():
-    builders.compile_check_cuda([FLAWED_DIR / builders.CUDA_SOURCE])
+def test_pure_cuda_sources_compile_with_nvcc_for_sm_90():
+    """The vendor kernel and fixed/'s kernel header need no GPU and no torch to compile."""
+    builders.compile_check_cuda()
 
 
 def test_stale_vendor_library_is_rebuilt(candidate):
