@@ -13,6 +13,17 @@ std::string dtype_name(at::ScalarType dtype) {
   return std::string(c10::getDtypeNames(dtype).first);
 }
 
+// Numbers and shapes go into error messages as strings formatted here: with torch 2.11+cu130
+// on the GPU machine, an int64_t passed to TORCH_CHECK_* crashed the process (SIGSEGV) instead
+// of raising. "[2, 64, 32]" for a shape.
+std::string shape_of(c10::IntArrayRef sizes) {
+  std::string text = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(sizes[i]);
+  }
+  return text + "]";
+}
+
 bool is_supported_dtype(at::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf ||
          dtype == at::kBFloat16;
@@ -29,9 +40,9 @@ void check_leading_dims(const at::Tensor& tensor, const char* name, const at::Te
   const auto leading = query.sizes().slice(0, query.dim() - 2);
   TORCH_CHECK_VALUE(tensor.dim() == query.dim() &&
                         tensor.sizes().slice(0, tensor.dim() - 2) == leading,
-                    name, " must have shape (..., S, E) with query's leading dims ", leading,
-                    " (no broadcasting); got ", name, " ", tensor.sizes(), ", query ",
-                    query.sizes());
+                    name, " must have shape (..., S, E) with query's leading dims ",
+                    shape_of(leading), " (no broadcasting); got ", name, " ",
+                    shape_of(tensor.sizes()), ", query ", shape_of(query.sizes()));
 }
 
 }  // namespace
@@ -61,21 +72,25 @@ AttentionShape check_attention_inputs(const at::Tensor& query,  // (..., L, E)
                    query.device());
 
   TORCH_CHECK_VALUE(query.dim() >= 2, "query must have shape (..., L, E), at least 2 dims; got ",
-                    query.sizes());
+                    shape_of(query.sizes()));
   check_leading_dims(key, "key", query);
   check_leading_dims(value, "value", query);
 
   const int64_t head_dim = query.size(-1);
+  const std::string head_dim_text = std::to_string(head_dim);
   TORCH_CHECK_VALUE(is_supported_head_dim(head_dim),
-                    "query's head dim E must be a multiple of 8 from 16 to 256; got ", head_dim,
-                    " in query ", query.sizes());
-  TORCH_CHECK_VALUE(key.size(-1) == head_dim, "key must have shape (..., S, ", head_dim,
-                    ") matching query's head dim ", head_dim, "; got ", key.sizes());
+                    "query's head dim E must be a multiple of 8 from 16 to 256; got ",
+                    head_dim_text,
+                    " in query ", shape_of(query.sizes()));
+  TORCH_CHECK_VALUE(key.size(-1) == head_dim, "key must have shape (..., S, ",
+                    head_dim_text, ") matching query's head dim ", head_dim_text, "; got ",
+                    shape_of(key.sizes()));
   const int64_t len_kv = key.size(-2);
+  const std::string len_kv_text = std::to_string(len_kv);
   TORCH_CHECK_VALUE(value.size(-2) == len_kv && value.size(-1) == head_dim,
-                    "value must have shape (..., ", len_kv, ", ", head_dim,
-                    ") matching key's length ", len_kv, " and query's head dim ", head_dim,
-                    "; got ", value.sizes());
+                    "value must have shape (..., ", len_kv_text, ", ", head_dim_text,
+                    ") matching key's length ", len_kv_text, " and query's head dim ",
+                    head_dim_text, "; got ", shape_of(value.sizes()));
 
   int64_t batch = 1;
   for (int64_t d = 0; d < query.dim() - 2; ++d) {
@@ -101,13 +116,13 @@ void check_backward_inputs(const at::Tensor& grad_output,  // (..., L, E), query
                     query.device(), "; got grad_output on ", grad_output.device(),
                     ", output on ", output.device(), ", logsumexp on ", logsumexp.device());
   TORCH_CHECK_VALUE(grad_output.sizes() == query.sizes(),
-                    "grad_output must have query's shape ", query.sizes(), "; got ",
-                    grad_output.sizes());
+                    "grad_output must have query's shape ", shape_of(query.sizes()), "; got ",
+                    shape_of(grad_output.sizes()));
   TORCH_CHECK_VALUE(output.sizes() == query.sizes(), "output must have query's shape ",
-                    query.sizes(), "; got ", output.sizes());
+                    shape_of(query.sizes()), "; got ", shape_of(output.sizes()));
   const auto rows = query.sizes().slice(0, query.dim() - 1);
-  TORCH_CHECK_VALUE(logsumexp.sizes() == rows, "logsumexp must have shape ", rows,
-                    " (query's shape without E); got ", logsumexp.sizes());
+  TORCH_CHECK_VALUE(logsumexp.sizes() == rows, "logsumexp must have shape ", shape_of(rows),
+                    " (query's shape without E); got ", shape_of(logsumexp.sizes()));
 }
 
 }  // namespace fixed_attention

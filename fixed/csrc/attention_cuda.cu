@@ -1,0 +1,170 @@
+// CUDA kernels of the fixed_attention operators: the torch side only. Every entry runs the same
+// sequence, the lessons of the unsafe wrapper in order:
+//   check the inputs -> guard the inputs' device -> take the current stream -> allocate outputs
+//   on the device -> return early without a launch when empty -> launch -> check the launch.
+// The kernels and their launchers are in attention_kernels.cuh (no torch includes there, so
+// nvcc can compile-check them without a GPU).
+#include <limits>
+#include <tuple>
+
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "attention_kernels.cuh"
+#include "checks.h"
+
+namespace fixed_attention {
+namespace {
+
+// at::Half and at::BFloat16 have the bit layout of CUDA's __half and __nv_bfloat16.
+template <typename scalar_t>
+struct CudaType {
+  using type = scalar_t;
+};
+template <>
+struct CudaType<at::Half> {
+  using type = __half;
+};
+template <>
+struct CudaType<at::BFloat16> {
+  using type = __nv_bfloat16;
+};
+
+template <typename scalar_t>
+const typename CudaType<scalar_t>::type* cuda_ptr(const at::Tensor& tensor) {
+  return reinterpret_cast<const typename CudaType<scalar_t>::type*>(
+      tensor.const_data_ptr<scalar_t>());
+}
+
+template <typename scalar_t>
+typename CudaType<scalar_t>::type* cuda_mutable_ptr(at::Tensor& tensor) {
+  return reinterpret_cast<typename CudaType<scalar_t>::type*>(tensor.mutable_data_ptr<scalar_t>());
+}
+
+// The dtypes the CUDA kernels have; check_attention_inputs already rejected the rest (float64
+// on CUDA is a TypeError there), so the switch's default is unreachable.
+#define FIXED_ATTENTION_DISPATCH_CUDA_TYPES(TYPE, NAME, ...)  \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                              \
+                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
+                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)  \
+                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+
+kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale, bool causal) {
+  return {shape.batch, shape.len_q, shape.len_kv, shape.head_dim, static_cast<float>(scale),
+          causal};
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& query,  // (..., L, E)
+                                                          const at::Tensor& key,    // (..., S, E)
+                                                          const at::Tensor& value,  // (..., S, E)
+                                                          double scale, bool causal) {
+  // Dtype, devices (one device, float64 CPU-only), ranks, sizes: typed errors naming the
+  // argument, before anything touches a device.
+  const AttentionShape shape = check_attention_inputs(query, key, value);
+  TORCH_INTERNAL_ASSERT(query.is_cuda());
+  // Allocate, copy and launch on the inputs' device, not on whichever one is current.
+  const c10::cuda::CUDAGuard device_guard(query.device());
+  // The caller's stream on that device (torch.cuda.stream(s), CUDA-graph capture), never the
+  // legacy default stream: ordered after whatever produced the inputs on it.
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  // On the device, from the caching allocator (no host round trip, no sync); sizes only, so
+  // both outputs are contiguous whatever the inputs' strides.
+  at::Tensor output = at::empty(query.sizes(), query.options());  // (..., L, E)
+  at::Tensor logsumexp = at::empty(query.sizes().slice(0, query.dim() - 1),
+                                   query.options().dtype(logsumexp_dtype(query.scalar_type())));
+  if (shape.batch == 0 || shape.len_q == 0) {
+    return {output, logsumexp};  // nothing to compute: no launch
+  }
+  if (shape.len_kv == 0) {  // as SDPA: nothing to attend to gives zeros
+    output.zero_();
+    logsumexp.fill_(-std::numeric_limits<double>::infinity());
+    return {output, logsumexp};
+  }
+
+  // The kernels index contiguous (B, L, E) memory: one copy for views (transposed, sliced,
+  // expanded); a no-op when the input is already contiguous.
+  const at::Tensor q = query.contiguous();  // (B, L, E)
+  const at::Tensor k = key.contiguous();    // (B, S, E)
+  const at::Tensor v = value.contiguous();  // (B, S, E)
+  const kernels::AttentionProblem problem = make_problem(shape, scale, causal);
+
+  FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
+    kernels::launch_attention_forward(cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
+                                      cuda_ptr<scalar_t>(v), cuda_mutable_ptr<scalar_t>(output),
+                                      logsumexp.mutable_data_ptr<float>(), problem, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {output, logsumexp};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
+    const at::Tensor& grad_output,  // (..., L, E)
+    const at::Tensor& query,        // (..., L, E)
+    const at::Tensor& key,          // (..., S, E)
+    const at::Tensor& value,        // (..., S, E)
+    const at::Tensor& output,       // (..., L, E)
+    const at::Tensor& logsumexp,    // (..., L), float32
+    double scale, bool causal) {
+  const AttentionShape shape = check_attention_inputs(query, key, value);
+  check_backward_inputs(grad_output, query, output, logsumexp);
+  TORCH_INTERNAL_ASSERT(query.is_cuda());
+  const c10::cuda::CUDAGuard device_guard(query.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  if (shape.batch == 0 || shape.len_q == 0 || shape.len_kv == 0) {
+    // The output does not depend on any element: every gradient is zero. No kernel of ours.
+    return {at::zeros(query.sizes(), query.options()), at::zeros(key.sizes(), key.options()),
+            at::zeros(value.sizes(), value.options())};
+  }
+  at::Tensor grad_query = at::empty(query.sizes(), query.options());  // (..., L, E)
+  at::Tensor grad_key = at::empty(key.sizes(), key.options());        // (..., S, E)
+  at::Tensor grad_value = at::empty(value.sizes(), value.options());  // (..., S, E)
+  // D_i = rowsum(dO_i * O_i), written by the first kernel, read by the other two.
+  at::Tensor delta =
+      at::empty({shape.batch, shape.len_q}, query.options().dtype(at::kFloat));  // (B, L)
+
+  // One contiguous copy of each view, as in the forward.
+  const at::Tensor dout = grad_output.contiguous();  // (B, L, E)
+  const at::Tensor q = query.contiguous();           // (B, L, E)
+  const at::Tensor k = key.contiguous();             // (B, S, E)
+  const at::Tensor v = value.contiguous();           // (B, S, E)
+  const at::Tensor out = output.contiguous();        // (B, L, E)
+  const at::Tensor lse = logsumexp.contiguous();     // (B, L), float32
+  const kernels::AttentionProblem problem = make_problem(shape, scale, causal);
+
+  FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_backward_cuda", [&] {
+    kernels::launch_attention_backward_delta(cuda_ptr<scalar_t>(dout), cuda_ptr<scalar_t>(out),
+                                             delta.mutable_data_ptr<float>(), problem, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    kernels::launch_attention_backward_dkdv(
+        cuda_ptr<scalar_t>(dout), cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
+        cuda_ptr<scalar_t>(v), lse.const_data_ptr<float>(), delta.const_data_ptr<float>(),
+        cuda_mutable_ptr<scalar_t>(grad_key), cuda_mutable_ptr<scalar_t>(grad_value), problem,
+        stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    kernels::launch_attention_backward_dq(
+        cuda_ptr<scalar_t>(dout), cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
+        cuda_ptr<scalar_t>(v), lse.const_data_ptr<float>(), delta.const_data_ptr<float>(),
+        cuda_mutable_ptr<scalar_t>(grad_query), problem, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {grad_query, grad_key, grad_value};
+}
+
+}  // namespace
+
+// The CUDA kernels; the CPU ones register under the CPU key in attention_cpu.cpp, meta and
+// fake tensors get the Python fake kernels (fixed/ops.py).
+TORCH_LIBRARY_IMPL(fixed_attention, CUDA, m) {
+  m.impl("attention_forward", &attention_forward_cuda);
+  m.impl("attention_backward", &attention_backward_cuda);
+}
+
+}  // namespace fixed_attention
