@@ -123,8 +123,6 @@ def _judge_call(ctx, name, inputs, keywords, *, expected=None, defined=True, **k
     fast_attention = ctx.fast_attention
     try:
         result = fast_attention(*inputs, **kwargs)
-    except ImplementationImportError:
-        raise
     except Exception as error:
         if failure := _asynchronous_cuda_error(name):
             return failure, ""
@@ -270,7 +268,7 @@ def probe_error_code(ctx: ProbeContext) -> Verdict:
 # ---------------------------------------------------------------------- capability probes
 
 
-def _gradient_errors(ctx, fast_attention, inputs, call) -> list[str]:
+def _gradient_errors(ctx, inputs, call) -> list[str]:
     """Backpropagate a loss that mixes attention with other terms; compare every gradient."""
     q, k, v = (t.detach().requires_grad_(True) for t in inputs)
     weight = ctx.inputs(*q.shape)[0]
@@ -297,9 +295,7 @@ def probe_autograd(ctx: ProbeContext) -> Verdict:
     inputs = ctx.inputs(2, 32, 64)
     fast_attention = ctx.fast_attention
     try:
-        errors = _gradient_errors(ctx, fast_attention, inputs, fast_attention)
-    except ImplementationImportError:
-        raise
+        errors = _gradient_errors(ctx, inputs, fast_attention)
     except Exception as error:
         return Verdict("present", f"backward through it raised {_first_line(error)}")
     if errors:
@@ -317,9 +313,7 @@ def probe_compile(ctx: ProbeContext) -> Verdict:
         failure = _check_result("compiled forward", result, _expected(inputs), inputs)
         if failure:
             return Verdict("present", failure)
-        errors = _gradient_errors(ctx, fast_attention, inputs, compiled)
-    except ImplementationImportError:
-        raise
+        errors = _gradient_errors(ctx, inputs, compiled)
     except Exception as error:
         return Verdict("present", f"torch.compile(fullgraph=True) failed: {_first_line(error)}")
     if errors:
