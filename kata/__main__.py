@@ -10,12 +10,69 @@ from kata import FLAWED_DIR, REPO_ROOT, KataError
 
 
 def _review(args) -> int:
-    from kata.review import format_table, resolve_implementation, run_review
+    from pathlib import Path
 
-    implementation = resolve_implementation(args.impl)
-    review = run_review(implementation, timeout=args.timeout, seed=args.seed, only=args.only)
-    print(json.dumps(review.to_json(), indent=2) if args.json else format_table(review))
+    from kata import report
+    from kata.review import Implementation, resolve_implementation, run_review
+
+    catalog, shipped_dir = _round(args.round)
+    if args.impl:
+        implementation = resolve_implementation(args.impl)
+    elif args.round == 2:
+        implementation = Implementation("flawed/proposed_fix", "dir", shipped_dir)
+    else:
+        implementation = resolve_implementation("flawed")
+    only = args.only
+    if args.explain:
+        if not report.RUBRIC.exists():
+            raise KataError("--explain is the interviewer's tool: this copy has no rubric.md")
+        if args.explain not in {flaw.id for flaw in catalog}:
+            known = ", ".join(flaw.id for flaw in catalog)
+            raise KataError(
+                f"unknown flaw id {args.explain!r} in round {args.round}; known: {known}"
+            )
+        only = [args.explain]
+    review = run_review(
+        implementation,
+        timeout=args.timeout,
+        seed=args.seed,
+        only=only,
+        catalog=catalog,
+        round_number=args.round,
+        prepare=_round_two_prepare() if args.round == 2 else None,
+    )
+    if args.explain:
+        print(report.format_explanation(review))
+        return 0
+    changes, bands = report.candidate_changes(review), report.level_bands()
+    if args.markdown:
+        Path(args.markdown).write_text(report.format_markdown(review, changes, bands))
+    if args.json:
+        print(json.dumps(review.to_json(), indent=2))
+    else:
+        print(report.format_table(review, changes, bands))
+        if args.markdown:
+            print(f"Markdown report written to {args.markdown}")
     return 0
+
+
+def _round_two_prepare():
+    from kata import round2
+
+    return round2.prepare
+
+
+def _round(number: int):
+    """The catalog of a round and the directory its code ships in."""
+    if number == 1:
+        from kata.catalog import CATALOG
+
+        return CATALOG, FLAWED_DIR
+    try:
+        from kata import round2
+    except ModuleNotFoundError:
+        raise KataError("round two is not part of this copy of the kata") from None
+    return round2.CATALOG, round2.ROUND2_DIR
 
 
 def _hint(args) -> int:
@@ -38,7 +95,7 @@ def _build(args) -> int:
     from kata import builders
     from kata.review import resolve_implementation
 
-    implementation = resolve_implementation(args.impl)
+    implementation = resolve_implementation(args.impl)  # in a handout, fixed/ is absent
     if implementation.kind == "fixed":
         builders.build_fixed()
         print("fixed/: extension built")
@@ -71,7 +128,6 @@ def _checksum(args) -> int:
 
 def _reset(args) -> int:
     import shutil
-    import subprocess
     import time
 
     from kata import shipped
@@ -89,13 +145,7 @@ def _reset(args) -> int:
             return 1
     backup = REPO_ROOT / "flawed-backups" / time.strftime("%Y%m%d-%H%M%S")
     shutil.copytree(FLAWED_DIR, backup, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    restore = ["git", "-C", str(REPO_ROOT), "checkout", "HEAD", "--", "flawed"]
-    result = subprocess.run(restore, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise KataError(f"git could not restore flawed/: {result.stderr.strip()}")
-    manifest = json.loads(shipped.MANIFEST.read_text())
-    for name in shipped.shipped_files().keys() - manifest.keys():
-        (FLAWED_DIR / name).unlink()  # files the candidate added
+    shipped.restore()
     still = shipped.changed_files()
     if still:
         raise KataError("flawed/ still differs from the shipped files: " + ", ".join(still))
@@ -103,20 +153,31 @@ def _reset(args) -> int:
     return 0
 
 
-def _bench(args) -> int:
-    print("make bench: not yet. The benchmarks land with the performance work on fixed/.")
-    return 0
-
-
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from kata import bench
+
+        return bench.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m kata", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     review = commands.add_parser("review", help="scorecard of an implementation")
     review.add_argument(
         "--impl",
-        default="flawed",
-        help="flawed (default), fixed, or a directory: a copy of flawed/",
+        help="flawed (default), fixed, or a directory: a candidate's copy of flawed/ "
+        "(of flawed/proposed_fix/ with --round 2)",
+    )
+    review.add_argument(
+        "--round",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="1: the wrapper (default); 2: review the proposed fix in flawed/proposed_fix/",
+    )
+    review.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
+    review.add_argument(
+        "--explain", metavar="ID", help="one flaw in depth: its code, live evidence and rubric"
     )
     review.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     review.add_argument("--timeout", type=float, default=60.0, help="seconds per probe (60)")
@@ -146,7 +207,12 @@ def main(argv=None) -> int:
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     reset.set_defaults(run=_reset)
 
-    commands.add_parser("bench", help="benchmarks (not yet)").set_defaults(run=_bench)
+    # bench parses its own options (python -m kata bench --help): see main() below.
+    commands.add_parser("bench", help="benchmarks: flawed vs fixed vs SDPA (make bench)")
+
+    from kata import candidate
+
+    candidate.register(commands)
 
     args = parser.parse_args(argv)
     try:

@@ -28,14 +28,25 @@ class Flaw:
     needs: frozenset[Need]
     where: str  # where the flaw sits in flawed/
     hints: tuple[str, ...]  # from a nudge to nearly the answer
+    probe: str = ""  # the probe in kata.probes.PROBES that judges it; default: the id itself
+    # (file, text) pairs: the lines of the shipped code that `review --explain` shows
+    code: tuple[tuple[str, str], ...] = ()
 
     @property
     def cpu_visible(self) -> bool:
         return not self.needs
 
+    @property
+    def probe_id(self) -> str:
+        return self.probe or self.id
 
-def _flaw(id, title, points, needs=(), *, where, hints):
-    return Flaw(id, title, points, frozenset(needs), where, tuple(hints))
+
+def _flaw(id, title, points, needs=(), *, where, hints, probe="", code=()):
+    return Flaw(id, title, points, frozenset(needs), where, tuple(hints), probe, tuple(code))
+
+
+WRAPPER = "attention_wrapper.py"
+VENDOR_CUDA = "vendor/custom_attention.cu"
 
 
 CATALOG: tuple[Flaw, ...] = (
@@ -44,6 +55,7 @@ CATALOG: tuple[Flaw, ...] = (
         "No dtype check: other dtypes are read as float32 bytes",
         8,
         where="attention_wrapper.py: fast_attention passes data_ptr() of any dtype",
+        code=[(WRAPPER, "query.data_ptr(),"), (VENDOR_CUDA, 'extern "C" int launch')],
         hints=(
             "Call it with float16 or float64 inputs and compare with a float64 reference.",
             "The vendor kernel reads every buffer as float32. Who makes sure it gets float32?",
@@ -56,6 +68,7 @@ CATALOG: tuple[Flaw, ...] = (
         "No shape check: wrong head dim, mismatched or wrong-rank inputs",
         8,
         where="attention_wrapper.py: `batch_size, seq_len, _ = query.shape` and nothing else",
+        code=[(WRAPPER, "batch_size, seq_len, _ = query.shape")],
         hints=(
             "Try a head dim of 32, a key with a different length, and a 2-D or 4-D query.",
             "The kernel assumes (batch, seq, 64) for all three tensors. "
@@ -69,6 +82,7 @@ CATALOG: tuple[Flaw, ...] = (
         "Raw pointers of views: strided inputs are read as if dense",
         8,
         where="attention_wrapper.py: data_ptr() of possibly non-contiguous tensors",
+        code=[(WRAPPER, "query.data_ptr(),")],
         hints=(
             "Pass query.transpose(0, 1) of a (seq, batch, 64) tensor, or an expanded key.",
             "data_ptr() is only the first element; the kernel assumes dense row-major strides.",
@@ -80,6 +94,7 @@ CATALOG: tuple[Flaw, ...] = (
         "No device check or dispatch",
         10,
         where="attention_wrapper.py: DEVICE chosen once at import; pointers passed blindly",
+        code=[(WRAPPER, "DEVICE = "), (WRAPPER, "torch.empty_like(")],
         hints=(
             "Give it meta tensors, or mix a CPU tensor with a meta one "
             "(and on a GPU, CPU tensors to the CUDA build).",
@@ -94,6 +109,7 @@ CATALOG: tuple[Flaw, ...] = (
         "The vendor's return code is ignored",
         8,
         where="attention_wrapper.py: the result of launch_attention_kernel is dropped",
+        code=[(WRAPPER, "_lib.launch_attention_kernel(")],
         hints=(
             "What does the kernel do with seq_len 4097?",
             "The library returns nonzero and writes nothing; the wrapper returns the "
@@ -108,6 +124,7 @@ CATALOG: tuple[Flaw, ...] = (
         8,
         [Need.CUDA],
         where="attention_wrapper.py: torch.empty_like(query, device='cpu').to(DEVICE)",
+        code=[(WRAPPER, "torch.empty_like(")],
         hints=(
             "Profile one call on a GPU: what copies and synchronisations do you see?",
             "empty_like on the CPU followed by .to('cuda') is a pageable host-to-device copy "
@@ -122,6 +139,7 @@ CATALOG: tuple[Flaw, ...] = (
         12,
         [Need.CUDA],
         where="vendor library launches on stream 0; the wrapper ignores torch's current stream",
+        code=[(VENDOR_CUDA, "<<<")],
         hints=(
             "Call it inside `with torch.cuda.stream(s):` and use the output on s right away.",
             "The kernel is ordered on the legacy default stream, not on the stream PyTorch "
@@ -135,6 +153,7 @@ CATALOG: tuple[Flaw, ...] = (
         "No backward: gradients silently missing",
         10,
         where="attention_wrapper.py: fast_attention returns a tensor with no grad_fn",
+        code=[(WRAPPER, "def fast_attention"), (WRAPPER, "return output")],
         hints=(
             "Use it inside a loss with other terms and compare the gradients with a reference.",
             "The output has no grad_fn, so backward() succeeds but the attention term "
@@ -148,6 +167,7 @@ CATALOG: tuple[Flaw, ...] = (
         "dlopen by a relative path (CWE-427)",
         6,
         where="attention_wrapper.py: ctypes.CDLL('./custom_attention.so')",
+        code=[(WRAPPER, "ctypes.CDLL(")],
         hints=(
             "Import the wrapper from another working directory.",
             "'./custom_attention.so' is resolved against the current working directory, "
@@ -161,6 +181,7 @@ CATALOG: tuple[Flaw, ...] = (
         "Opaque to PyTorch: torch.compile cannot trace it",
         8,
         where="attention_wrapper.py: a ctypes call on data_ptr()s inside a plain function",
+        code=[(WRAPPER, "_lib.launch_attention_kernel(")],
         hints=(
             "Try torch.compile(fast_attention, fullgraph=True).",
             "Dynamo cannot trace into ctypes, and there is no schema or fake kernel to "
@@ -175,6 +196,7 @@ CATALOG: tuple[Flaw, ...] = (
         6,
         [Need.CUDA, Need.TWO_GPUS],
         where="attention_wrapper.py: DEVICE = 'cuda'; the kernel launches on the current device",
+        code=[(WRAPPER, "DEVICE = "), (VENDOR_CUDA, "<<<")],
         hints=(
             "Put the inputs on cuda:1 while the current device is 0.",
             "'cuda' means the current device, and the kernel launches there, "
@@ -189,6 +211,7 @@ CATALOG: tuple[Flaw, ...] = (
         8,
         [Need.CUDA, Need.BIG_MEMORY],
         where="vendor library: int batch_size, seq_len and int offsets",
+        code=[(VENDOR_CUDA, "int rows = "), (VENDOR_CUDA, "const float* k_batch = ")],
         hints=(
             "How many elements does (batch, 4096, 64) hold when batch is 8193?",
             "batch * seq * 64 passes 2^31 and the int offsets wrap around.",
@@ -202,8 +225,13 @@ BY_ID: dict[str, Flaw] = {flaw.id: flaw for flaw in CATALOG}
 
 
 def get(flaw_id: str) -> Flaw:
-    try:
+    """A flaw of round one, or of round two where this copy has it (not in a handout)."""
+    if flaw_id in BY_ID:
         return BY_ID[flaw_id]
-    except KeyError:
+    try:
+        from kata import round2
+
+        return next(flaw for flaw in round2.CATALOG if flaw.id == flaw_id)
+    except (ModuleNotFoundError, StopIteration):
         known = ", ".join(BY_ID)
         raise KataError(f"unknown flaw id {flaw_id!r}; known ids: {known}") from None

@@ -55,7 +55,7 @@ def main(spec_json: str) -> None:
         planted_library=Path(spec["planted_library"]) if spec.get("planted_library") else None,
     )
     try:
-        verdict = PROBES[spec["flaw"]](context)
+        verdict = PROBES[spec["probe"]](context)
         result = {"status": verdict.status, "evidence": verdict.evidence}
     except ImplementationImportError as error:
         result = {"status": "present", "evidence": str(error)}

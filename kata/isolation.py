@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,22 @@ from kata import REPO_ROOT
 from kata.child import MARKER
 
 DEFAULT_TIMEOUT_S = 60.0
+
+# Probe processes still running. They run in sessions of their own (so a time limit can kill all
+# they started), which also keeps the terminal's Ctrl-C from reaching them: kill_all() does.
+_running: set[subprocess.Popen] = set()
+_running_lock = threading.Lock()
+_stopped = False  # set by kill_all: no new probe process starts after it
+
+
+def kill_all() -> None:
+    """Kill every probe process still running, with all it started, and start no more."""
+    global _stopped
+    with _running_lock:
+        _stopped = True
+        for process in _running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -41,7 +58,7 @@ class ProbeResult:
 
 
 def run_isolated(
-    flaw_id: str,
+    probe_id: str,
     implementation: Implementation,
     *,
     seed: int,
@@ -52,7 +69,7 @@ def run_isolated(
 ) -> ProbeResult:
     """Run one probe in a child process and turn whatever happens into a ProbeResult."""
     spec = {
-        "flaw": flaw_id,
+        "probe": probe_id,
         "implementation": implementation.to_json(),
         "seed": seed,
         "device": device,
@@ -60,16 +77,20 @@ def run_isolated(
     }
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=python_path, PYTHONFAULTHANDLER="1")
-    with tempfile.TemporaryDirectory(prefix=f"kata-{flaw_id}-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"kata-{probe_id}-") as scratch:
         cwd = workdir or Path(scratch)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kata.child", json.dumps(spec)],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # its own process group: a timeout kills all it started
-        )
+        with _running_lock:
+            if _stopped:
+                return ProbeResult("skipped", "the review was stopped")
+            process = subprocess.Popen(
+                [sys.executable, "-m", "kata.child", json.dumps(spec)],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: a timeout kills all it started
+            )
+            _running.add(process)
         try:
             stdout, stderr = process.communicate(timeout=timeout)
             timed_out = False
@@ -77,6 +98,9 @@ def run_isolated(
             os.killpg(process.pid, signal.SIGKILL)
             stdout, stderr = process.communicate()
             timed_out = True
+        finally:
+            with _running_lock:
+                _running.discard(process)
     messages = _messages(stdout)
     cases = [m["case"] for m in messages if "case" in m]
     last_case = cases[-1] if cases else None

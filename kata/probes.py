@@ -260,6 +260,19 @@ def probe_device(ctx: ProbeContext) -> Verdict:
     return _verdict(outcomes)
 
 
+def probe_happy_path(ctx: ProbeContext) -> Verdict:
+    """Plain float32 (B, L, 64) inputs, on the CPU and (on a GPU machine) on the GPU: the one
+    input every implementation must get right, on every device it accepts."""
+    devices = ["cpu", "cuda"] if ctx.device == "cuda" else ["cpu"]
+    outcomes = [
+        correct_or_loud(
+            ctx, f"float32 (2, 128, 64) on {device}", ctx.inputs(2, 128, 64, device=device), ()
+        )
+        for device in devices
+    ]
+    return _verdict(outcomes)
+
+
 def probe_error_code(ctx: ProbeContext) -> Verdict:
     inputs = ctx.inputs(1, 4097, 64)
     return _verdict([correct_or_loud(ctx, "seq_len 4097", inputs, LENGTH_WORDS)])
@@ -518,6 +531,7 @@ PROBES: dict[str, Callable[[ProbeContext], Verdict]] = {
     "contiguity": probe_contiguity,
     "device": probe_device,
     "error-code": probe_error_code,
+    "happy-path": probe_happy_path,
     "autograd": probe_autograd,
     "library-path": probe_library_path,
     "compile": probe_compile,

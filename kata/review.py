@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import textwrap
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from kata import FIXED_DIR, FLAWED_DIR, KataError, builders
 from kata.catalog import CATALOG, Flaw, Need
-from kata.isolation import DEFAULT_TIMEOUT_S, Implementation, ProbeResult, run_isolated
+from kata.isolation import (
+    DEFAULT_TIMEOUT_S,
+    Implementation,
+    ProbeResult,
+    kill_all,
+    run_isolated,
+)
 
 BIG_MEMORY_BYTES = 40 * 2**30
 
@@ -62,6 +67,7 @@ class Review:
     machine: Machine
     seed: int
     reports: list[FlawReport]
+    round: int = 1  # 1: the wrapper in flawed/; 2: the proposed fix in flawed/proposed_fix/
 
     @property
     def earned(self) -> int:
@@ -92,6 +98,8 @@ class Review:
 def resolve_implementation(name: str) -> Implementation:
     """'flawed', 'fixed', or a directory holding a candidate's copy of flawed/."""
     if name == "fixed":
+        if not FIXED_DIR.is_dir():
+            raise KataError("this copy has no fixed/ (a candidate's handout leaves it out)")
         return Implementation("fixed", "fixed", FIXED_DIR)
     if name == "flawed":
         return Implementation("flawed", "dir", FLAWED_DIR)
@@ -106,6 +114,8 @@ def _prepare(implementation: Implementation, machine: Machine) -> str | None:
     if implementation.kind == "fixed":
         builders.build_fixed()
         return None
+    if not (implementation.path / "vendor").is_dir():
+        return None  # no vendor library to build: the implementation builds what it needs
     try:
         builders.build_vendor_library(implementation.path, machine.probe_device)
     except KataError as error:
@@ -120,14 +130,22 @@ def run_review(
     seed: int | None = None,
     only: list[str] | None = None,
     jobs: int | None = None,
+    catalog: tuple[Flaw, ...] = CATALOG,
+    round_number: int = 1,
+    prepare: Callable[[Path], str | None] | None = None,
 ) -> Review:
+    """Judge `implementation` on every flaw of `catalog` this machine can run. `prepare` builds
+    what the implementation needs instead of the vendor library, returning None or why it failed
+    (round two's proposed fix builds its own extension)."""
     machine = Machine.detect()
     seed = secrets.randbelow(2**31) if seed is None else seed
-    flaws = [flaw for flaw in CATALOG if only is None or flaw.id in only]
-    build_failure = _prepare(implementation, machine)
-    planted = (
-        builders.build_planted_library() if any(f.id == "library-path" for f in flaws) else None
-    )
+    flaws = [flaw for flaw in catalog if only is None or flaw.id in only]
+    if prepare is not None:
+        build_failure = prepare(implementation.path)
+    else:
+        build_failure = _prepare(implementation, machine)
+    needs_planted = any(flaw.probe_id == "library-path" for flaw in flaws)
+    planted = builders.build_planted_library() if needs_planted else None
 
     def judge(flaw: Flaw) -> FlawReport:
         reason = machine.skip_reason(flaw)
@@ -137,9 +155,9 @@ def run_review(
             return FlawReport(flaw, ProbeResult("present", build_failure))
         # The wrapper loads its library relative to the working directory; library-path is the
         # deliberate exception and gets a fresh empty one.
-        in_place = implementation.kind == "dir" and flaw.id != "library-path"
+        in_place = implementation.kind == "dir" and flaw.probe_id != "library-path"
         result = run_isolated(
-            flaw.id,
+            flaw.probe_id,
             implementation,
             seed=seed,
             device=machine.probe_device,
@@ -149,36 +167,13 @@ def run_review(
         )
         return FlawReport(flaw, result)
 
-    with ThreadPoolExecutor(max_workers=jobs or min(8, max(2, os.cpu_count() or 2))) as pool:
+    pool = ThreadPoolExecutor(max_workers=jobs or min(8, max(2, os.cpu_count() or 2)))
+    try:
         reports = list(pool.map(judge, flaws))
-    return Review(implementation, machine, seed, reports)
-
-
-def format_table(review: Review) -> str:
-    width = max(80, min(shutil.get_terminal_size((120, 24)).columns, 140))
-    where = "" if review.implementation.kind == "fixed" else f" ({review.implementation.path})"
-    lines = [
-        f"Review of {review.implementation.label}{where}",
-        f"device: {review.machine.device}    seed: {review.seed}",
-        "",
-        f"{'ID':<13} {'STATUS':<8} {'POINTS':>6}  EVIDENCE",
-    ]
-    indent = " " * 31
-    for report in review.reports:
-        points = f"{report.earned}/{report.flaw.points}"
-        if report.result.status == "skipped":
-            points = "-"
-        head = f"{report.flaw.id:<13} {report.result.status:<8} {points:>6}  "
-        evidence = textwrap.wrap(report.result.evidence, width - len(indent)) or [""]
-        lines.append(head + evidence[0])
-        lines.extend(indent + line for line in evidence[1:])
-    judged = [r for r in review.reports if r.result.status != "skipped"]
-    skipped = len(review.reports) - len(judged)
-    lines += [
-        "",
-        f"Score: {review.earned} of {review.possible} points "
-        f"({len(judged)} flaws judged on this machine"
-        + (f"; {skipped} skipped and not counted)" if skipped else ")"),
-        "Points and discussion: rubric.md.  Hints: python -m kata hint ID",
-    ]
-    return "\n".join(lines)
+    except KeyboardInterrupt:  # no probe may outlive a stopped review
+        pool.shutdown(wait=False, cancel_futures=True)
+        kill_all()
+        raise
+    finally:
+        pool.shutdown()
+    return Review(implementation, machine, seed, reports, round_number)
