@@ -1,10 +1,13 @@
 # Attention-wrapper kata. `make` alone lists the targets.
 PYTHON ?= python3
 CANDIDATE ?=
+ROUND ?= 1
+MARKDOWN ?=
+DEST ?=
 KATA := $(PYTHON) -m kata
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build review kata test lint reset bench clean
+.PHONY: help deps build review kata watch test lint reset handout bench clean
 
 help: ## list the targets
 	@echo "Attention-wrapper kata"
@@ -17,11 +20,15 @@ build: deps ## build flawed/custom_attention.so for this machine and the fixed/ 
 	@$(KATA) build
 	@$(KATA) build --impl fixed
 
-review: deps ## scorecard of flawed/ (or CANDIDATE=path/to/copy)
-	@$(KATA) review --impl $(or $(CANDIDATE),flawed)
+review: deps ## scorecard of flawed/ (CANDIDATE=path/to/copy ROUND=2 MARKDOWN=report.md)
+	@$(KATA) review --round $(ROUND) $(if $(CANDIDATE),--impl $(CANDIDATE)) \
+		$(if $(MARKDOWN),--markdown $(MARKDOWN))
 
-kata: deps ## the candidate's checks: red until every flaw in flawed/ is fixed
-	@$(PYTHON) -m pytest -q --no-header -p no:cacheprovider kata/kata_checks.py
+kata: deps ## the candidate's checks: one line per flaw, red until every flaw is fixed
+	@$(KATA) check
+
+watch: deps ## re-run the candidate's checks whenever a file under flawed/ is saved
+	@$(KATA) watch
 
 test: deps lint ## fixed/ passes, shipped flawed/ fails, harness and rubric agree
 	@$(PYTHON) -m pytest
@@ -33,7 +40,10 @@ lint: deps ## ruff check and ruff format --check
 reset: ## restore the shipped flawed/ (asks first; keeps a backup of your copy)
 	@$(PYTHON) -m kata reset
 
-bench: deps ## benchmarks (not yet)
+handout: deps ## a candidate-ready copy without fixed/ or any answers: make handout DEST=dir
+	@$(KATA) handout --round $(ROUND) $(DEST)
+
+bench: deps ## flawed vs fixed vs SDPA: a table and bench.json (python -m kata bench --help)
 	@$(KATA) bench
 
 clean: ## remove build outputs and caches

@@ -1,0 +1,311 @@
+"""The candidate's loop: `python -m kata check` (make kata), `watch` (make watch) and
+`handout DEST` (make handout, for the interviewer: the candidate's copy of the repository).
+
+`check` runs the interviewer's review of flawed/ (every probe in its own process) and words the
+result for the person fixing the code: one line per flaw, progress, then the first failure in
+full with its hint and replay commands. `watch` re-runs `check` in a child process whenever a
+file under flawed/ is saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from kata import FLAWED_DIR, REPO_ROOT, KataError
+
+KATA_DIR = Path(__file__).resolve().parent
+BRIEF = REPO_ROOT / "CANDIDATE.md"  # becomes the handout's README.md
+HANDOUT_MAKEFILE = KATA_DIR / "handout.mk"  # becomes the handout's Makefile
+# Files of kata/ that hold answers or only make sense in the interviewer's repository. A module
+# that holds round-two answers belongs here; tests/test_candidate_loop.py greps every handout.
+INTERVIEWER_ONLY = ("round2.py", "handout.mk")
+WATCH_INTERVAL_S = 0.5
+
+
+def register(commands) -> None:
+    """Add this module's subcommands to the `python -m kata` parser."""
+    hidden = argparse.SUPPRESS
+    check = commands.add_parser("check", help="the candidate's checks (make kata)")
+    # --impl: for tests and interviewers, e.g. `check --impl fixed` to see every check pass.
+    check.add_argument("--impl", default="flawed", help=hidden)
+    check.add_argument("--watching", action="store_true", help=hidden)  # started by `watch`
+    check.set_defaults(run=_check)
+
+    watch = commands.add_parser("watch", help="re-run `check` whenever flawed/ is saved")
+    watch.add_argument("--impl", default="flawed", help=hidden)
+    watch.add_argument("--max-runs", type=int, default=0, help=hidden)  # for tests
+    watch.add_argument("--interval", type=float, default=WATCH_INTERVAL_S, help=hidden)
+    watch.set_defaults(run=_watch)
+
+    handout = commands.add_parser("handout", help="write the candidate's copy into DEST")
+    handout.add_argument("dest", nargs="?", help="a new or empty directory")
+    handout.add_argument(
+        "--round",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2 adds flawed/proposed_fix/, the code reviewed in round two",
+    )
+    handout.set_defaults(run=_handout)
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+
+
+class _Style:
+    """Colour and marks for one stream: colour only on a TTY and without NO_COLOR."""
+
+    def __init__(self, stream):
+        self.colour = stream.isatty() and not os.environ.get("NO_COLOR")
+        try:
+            "✓✗–─".encode(stream.encoding or "ascii")
+            self.marks = {"fixed": "✓", "present": "✗", "skipped": "–"}
+            self.rule = "─"
+        except (LookupError, UnicodeEncodeError):
+            self.marks = {"fixed": "+", "present": "x", "skipped": "-"}
+            self.rule = "-"
+
+    def paint(self, text: str, *codes: str) -> str:
+        if not self.colour or not codes:
+            return text
+        return f"\033[{';'.join(codes)}m{text}\033[0m"
+
+    def status(self, text: str, status: str) -> str:
+        return self.paint(text, {"fixed": "32", "present": "31", "skipped": "2"}[status])
+
+
+def _shown_dir(path: Path) -> str:
+    """A directory as the candidate would type it: relative to the working directory when
+    inside it, with a trailing slash."""
+    try:
+        shown = path.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        shown = str(path)
+    return shown.rstrip("/") + "/"
+
+
+def format_check(review, style: _Style, *, watching: bool = False) -> tuple[str, int]:
+    """The candidate's view of a review, and the exit status: 0 when every flaw that ran is
+    fixed, 1 otherwise."""
+    width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 110))
+    id_width = max(len(report.flaw.id) for report in review.reports)
+    lines = []
+    for report in review.reports:
+        status = report.result.status
+        mark = style.marks[status]
+        line = f"{report.flaw.id:<{id_width}}  {report.flaw.title}"
+        if status == "skipped":  # the whole line dimmed, with the short reason
+            reason = report.result.evidence.split(";")[0]
+            lines.append(style.status(f"  {mark} {line}  (skipped: {reason})", status))
+        else:  # only the mark in colour: calm to read, even when everything is red
+            lines.append(f"  {style.status(mark, status)} {line}")
+
+    ran = [r for r in review.reports if r.result.status != "skipped"]
+    fixed = [r for r in ran if r.result.status == "fixed"]
+    skipped = len(review.reports) - len(ran)
+    progress = f"{len(fixed)}/{len(ran)} fixed on this machine"
+    lines += ["", style.paint(progress, "1") + (f" ({skipped} skipped here)" if skipped else "")]
+
+    failures = [r for r in ran if r.result.status == "present"]
+    if not failures:
+        lines += ["", style.paint(f"Every check that runs here passes ({len(ran)}).", "1", "32")]
+        if skipped:
+            lines.append("The skipped ones need hardware this machine lacks: they do not count.")
+        lines.append("Well done. Tell your interviewer, and say what you would look at next.")
+        return "\n".join(lines), 0
+
+    first = failures[0]
+    replay = f"python -m kata review --only {first.flaw.id} --seed {review.seed}"
+    if review.implementation.label != "flawed":
+        replay += f" --impl {review.implementation.label}"
+    evidence = textwrap.wrap(first.result.evidence, width - 4) or ["(no evidence recorded)"]
+    lines += [
+        "",
+        style.paint(f"First failure: {first.flaw.id}", "1") + f" - {first.flaw.title}",
+        *("    " + line for line in evidence),
+    ]
+    same = sum(r.result.evidence == first.result.evidence for r in failures)
+    if same > 1:  # a syntax error, say, or a vendor library that does not build
+        lines.append(f"    ({same} failing checks say this: start here)")
+    lines += [
+        "",
+        f"    Hint:    python -m kata hint {first.flaw.id}",
+        f"    Replay:  {replay}",
+        "",
+    ]
+    where = _shown_dir(review.implementation.path) if review.implementation.kind == "dir" else "it"
+    if watching:
+        lines.append(f"Next: make {first.flaw.id} pass; save a file in {where} to check again.")
+    else:
+        lines.append(
+            f"Next: make {first.flaw.id} pass, then run `make kata` again "
+            "(`make watch` re-runs it on every save)."
+        )
+    return "\n".join(lines), 1
+
+
+def _check(args) -> int:
+    from kata.review import resolve_implementation, run_review
+
+    implementation = resolve_implementation(args.impl)
+    where = _shown_dir(implementation.path) if implementation.kind == "dir" else "fixed/"
+    style = _Style(sys.stdout)
+    header = f"Checking {where}: each check runs in its own process..."
+    print(style.paint(header, "2") + "\n", flush=True)
+    try:
+        review = run_review(implementation)
+    except KeyboardInterrupt:
+        print("\nCheck interrupted.")
+        return 130
+    text, status = format_check(review, style, watching=args.watching)
+    print(text)
+    return status
+
+
+# ---------------------------------------------------------------------------------------------
+# watch
+
+_IGNORED_DIRS = {"__pycache__", "build"}
+_IGNORED_SUFFIXES = (".so", ".o", ".pyc", ".swp", ".swx", "~")
+
+
+def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
+    """relative path -> (mtime_ns, size) of the files a save can change: no caches, build
+    outputs, hidden files (editor swap files, the build stamp) or build directories."""
+    files = {}
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = [d for d in dirs if d not in _IGNORED_DIRS and not d.startswith(".")]
+        for name in names:
+            if name.startswith(".") or name.endswith(_IGNORED_SUFFIXES):
+                continue
+            path = Path(root, name)
+            try:
+                stat = path.stat()
+            except OSError:
+                continue  # removed between listing and stat: the next poll sees it
+            files[path.relative_to(directory).as_posix()] = (stat.st_mtime_ns, stat.st_size)
+    return files
+
+
+def _wait_for_save(directory: Path, before: dict, interval: float) -> list[str]:
+    """Poll until files differ from `before` and two polls agree (an editor's save can take
+    several writes); return the names that changed. `before` is taken before the check ran, so
+    a save during a run is seen at once."""
+    current = before
+    while True:
+        time.sleep(interval)
+        polled = snapshot(directory)
+        if polled == current:
+            changed = [
+                n for n in sorted(before.keys() | polled.keys()) if before.get(n) != polled.get(n)
+            ]
+            if changed:
+                return changed
+        current = polled
+
+
+def _watch(args) -> int:
+    from kata.review import resolve_implementation
+
+    implementation = resolve_implementation(args.impl)
+    if implementation.kind != "dir":
+        raise KataError("watch follows a directory: flawed/ or a copy of it")
+    directory = implementation.path
+    style = _Style(sys.stdout)
+    # Each check runs in a child: a crash, or an edit to kata/ itself, cannot wedge the watcher.
+    command = [sys.executable, "-m", "kata", "check", "--watching"]
+    if directory != FLAWED_DIR:
+        command += ["--impl", str(directory)]
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=python_path)
+    shown = _shown_dir(directory)
+    runs, saved = 0, []
+    try:
+        while True:
+            if runs:
+                stamp = time.strftime("%H:%M:%S")
+                banner = f"{style.rule * 3} {stamp}  saved: {', '.join(saved)} {style.rule * 3}"
+                print("\n" + style.paint(banner, "2"), flush=True)
+            before = snapshot(directory)
+            status = subprocess.run(command, cwd=REPO_ROOT, env=env).returncode
+            if status not in (0, 1):
+                print(f"(the check itself stopped with exit status {status}; see above)")
+            runs += 1
+            if args.max_runs and runs >= args.max_runs:
+                return 0
+            print(style.paint(f"watching {shown} (Ctrl-C to stop)", "2"), flush=True)
+            saved = _wait_for_save(directory, before, args.interval)
+    except KeyboardInterrupt:
+        print("\nstopped watching.")
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# handout
+
+
+def handout_files(round_number: int = 1) -> dict[str, str]:
+    """relative path -> text of every file of the candidate's copy."""
+    from kata import shipped
+
+    if not BRIEF.is_file() or not HANDOUT_MAKEFILE.is_file():
+        raise KataError("make handout works in the interviewer's repository, not in a handout")
+    # flawed/ from the shipped manifest, never the working copy: no local edits, no build output.
+    # The proposed fix of round two fixes round-one flaws: a round-one copy must not hold it,
+    # nor its manifest (make reset would write it back).
+    flawed = shipped.shipped()
+    if round_number == 1:
+        skip = shipped.ROUND2_SUBDIR + "/"
+        flawed = {name: text for name, text in flawed.items() if not name.startswith(skip)}
+    files = {f"flawed/{name}": text for name, text in flawed.items()}
+    for path in sorted(KATA_DIR.rglob("*")):
+        relative = path.relative_to(KATA_DIR)
+        if not path.is_file() or "__pycache__" in relative.parts or path.suffix == ".pyc":
+            continue
+        if relative.as_posix() not in INTERVIEWER_ONLY:
+            files[f"kata/{relative.as_posix()}"] = path.read_text()
+    files[f"kata/{shipped.MANIFEST.name}"] = json.dumps(flawed, indent=1, sort_keys=True) + "\n"
+    files["Makefile"] = HANDOUT_MAKEFILE.read_text()
+    files["README.md"] = BRIEF.read_text()
+    files["pyproject.toml"] = _candidate_pyproject((REPO_ROOT / "pyproject.toml").read_text())
+    gitignore = (REPO_ROOT / ".gitignore").read_text().splitlines()
+    files[".gitignore"] = "".join(f"{line}\n" for line in gitignore if "fixed" not in line)
+    return files
+
+
+def _candidate_pyproject(text: str) -> str:
+    """pyproject.toml without what points at fixed/: its description and its lint exclusion."""
+    description = "An attention wrapper to review and repair: run `make kata`."
+    text = re.sub(r"^description = .*$", f'description = "{description}"', text, flags=re.M)
+    return re.sub(r'"fixed/[^"]*",\s*', "", text)
+
+
+def build_handout(dest: Path, round_number: int = 1) -> Path:
+    dest = dest.expanduser().resolve()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise KataError(f"{dest} is not an empty directory; give make handout a new or empty one")
+    files = handout_files(round_number)
+    for name, text in files.items():
+        path = dest / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return dest
+
+
+def _handout(args) -> int:
+    if not args.dest:
+        raise KataError("where to? make handout DEST=path/to/dir")
+    dest = build_handout(Path(args.dest), args.round)
+    print(f"Candidate's copy written to {dest}")
+    print(f"Before the interview: cd {dest} && make kata   (installs and builds what it needs)")
+    return 0

@@ -1,0 +1,320 @@
+"""The candidate's loop, tested as a candidate meets it: in a fresh handout (`make handout`),
+through its own Makefile, with nothing of this repository on the path.
+
+One handout per module: its first check builds the vendor library there (g++), and each check
+runs every probe in its own process, so the checks are the slow part; the tests share them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kata import REPO_ROOT, candidate, shipped
+from kata.catalog import CATALOG
+from kata.isolation import Implementation, ProbeResult
+from kata.review import FlawReport, Machine, Review
+
+WRAPPER = "flawed/attention_wrapper.py"
+SHIPPED_WRAPPER = shipped.shipped()["attention_wrapper.py"]
+# The fix a candidate would make first: float32 only, and a TypeError that names the dtype.
+DTYPE_FIX = (
+    "    if any(t.dtype != torch.float32 for t in (query, key, value)):\n"
+    "        raise TypeError(f'fast_attention needs float32 inputs, got dtype {query.dtype}')\n"
+)
+MACHINE = Machine.detect()
+# What runs here: the CPU-visible flaws on a machine without a GPU, more on a GPU machine.
+RUN_HERE = [flaw for flaw in CATALOG if MACHINE.skip_reason(flaw) is None]
+SKIPPED_HERE = [flaw for flaw in CATALOG if MACHINE.skip_reason(flaw) is not None]
+
+
+def _env() -> dict[str, str]:
+    """The candidate's environment: no PYTHONPATH into this repository, no outer make."""
+    drop = {"PYTHONPATH", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "FORCE_COLOR"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    return env | {"NO_COLOR": "1", "PYTHONUTF8": "1"}  # the marks the tests look for are UTF-8
+
+
+def run(command: list[str], cwd: Path, **options) -> subprocess.CompletedProcess:
+    options.setdefault("timeout", 180)
+    options.update(env=_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return subprocess.run(command, cwd=cwd, **options)
+
+
+def kata(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "kata", *args], cwd)
+
+
+def with_dtype_fix(text: str) -> str:
+    head, sep, body = text.partition("def fast_attention(query, key, value):\n")
+    assert sep, "the shipped wrapper no longer defines fast_attention(query, key, value)"
+    return head + sep + DTYPE_FIX + body
+
+
+@pytest.fixture(scope="module")
+def handout(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("candidate") / "kata"
+    result = run(["make", "handout", f"DEST={dest}", f"PYTHON={sys.executable}"], REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    return dest
+
+
+@pytest.fixture
+def shipped_handout(handout: Path) -> Path:
+    """The module's handout with the shipped wrapper back in place, whatever ran before."""
+    (handout / WRAPPER).write_text(SHIPPED_WRAPPER)
+    return handout
+
+
+def test_round_two_handout_adds_the_proposed_fix(tmp_path):
+    dest = candidate.build_handout(tmp_path / "round2", round_number=2)
+    proposed = {n for n in shipped.shipped() if n.startswith(shipped.ROUND2_SUBDIR + "/")}
+    assert proposed and all((dest / "flawed" / n).is_file() for n in proposed)
+    assert not (dest / "kata" / "round2.py").exists()  # the answers stay with the interviewer
+
+
+def test_handout_has_the_candidate_files_and_no_answers(tmp_path):
+    dest = tmp_path / "handout"
+    candidate.build_handout(dest)
+    names = {path.relative_to(dest).as_posix() for path in dest.rglob("*") if path.is_file()}
+    top = {".gitignore", "Makefile", "README.md", "flawed", "kata", "pyproject.toml"}
+    assert {name.split("/")[0] for name in names} == top
+    # flawed/ exactly as shipped (from the manifest, not the working copy), no build output.
+    flawed = {
+        n.removeprefix("flawed/"): (dest / n).read_text() for n in names if n.startswith("flawed/")
+    }
+    round_two = shipped.ROUND2_SUBDIR + "/"
+    round_one = {n: text for n, text in shipped.shipped().items() if not n.startswith(round_two)}
+    assert flawed == round_one  # the proposed fix of round two fixes round-one flaws: not here
+    assert json.loads((dest / "kata" / shipped.MANIFEST.name).read_text()) == round_one
+    assert (dest / "README.md").read_text() == (REPO_ROOT / "CANDIDATE.md").read_text()
+    for absent in ("fixed", "rubric.md", "tests", ".ci", "kata/round2.py", "kata/handout.mk"):
+        assert not (dest / absent).exists(), absent
+
+    # What would give answers away, checked text by text over every file of the handout:
+    # - outside kata/ (brief, Makefile, flawed/, pyproject.toml, .gitignore) not even a mention
+    #   of fixed/, the rubric or a round-two id (r2-...);
+    # - kata/ is the harness the candidate runs: it may name fixed/ and rubric.md (its
+    #   interviewer commands, which fail cleanly here), but holds no round-two id;
+    # - no file holds a line of rubric.md's prose, a line of fixed/'s sources, or an id, title,
+    #   "where" or hint of the round-two catalog (kata/round2.py).
+    texts = {name: (dest / name).read_text() for name in names}
+    for name, text in texts.items():
+        assert not re.search(r"\br2-[a-z]", text), f"{name} names a round-two id"
+        if not name.startswith("kata/"):
+            for word in ("fixed/", "rubric"):
+                assert word not in text.lower(), f"{name} mentions {word}"
+    answers = _rubric_prose() | _fixed_source_lines() | _round_two_strings()
+    assert answers, "nothing to look for: the answer files moved?"
+    for name, text in texts.items():
+        leaked = sorted(answer for answer in answers if answer in text)
+        assert not leaked, f"{name} holds answers: {leaked[:3]}"
+
+    # A second handout never overwrites one; a missing DEST says how to give one.
+    result = kata("handout", str(dest), cwd=REPO_ROOT)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"kata: {dest} is not an empty directory; " + (
+        "give make handout a new or empty one"
+    )
+    result = run(["make", "handout"], REPO_ROOT)
+    assert "kata: where to? make handout DEST=path/to/dir" in result.stderr.splitlines()
+
+
+def _rubric_prose() -> set[str]:
+    lines = (REPO_ROOT / "rubric.md").read_text().splitlines()
+    return {line.strip() for line in lines if len(line.strip()) > 50 and line[:1] not in "#|"}
+
+
+def _fixed_source_lines() -> set[str]:
+    """Lines of fixed/'s sources, but for those it shares with the shipped flawed/ (the vendor
+    kernel's softmax loop, say): those are no answer."""
+    sources = (p for p in (REPO_ROOT / "fixed").rglob("*") if p.suffix in {".py", ".cpp", ".h"})
+    shared = {line.strip() for text in shipped.shipped().values() for line in text.splitlines()}
+    return {
+        line.strip()
+        for path in sources
+        if "_build" not in path.parts
+        for line in path.read_text().splitlines()
+        if len(line.strip()) > 40
+    } - shared
+
+
+def _round_two_strings() -> set[str]:
+    """The round-two catalog's answers: ids, titles, where each flaw sits, hints."""
+    from kata import round2
+
+    return {
+        text for flaw in round2.CATALOG for text in (flaw.id, flaw.title, flaw.where, *flaw.hints)
+    }
+
+
+def test_handout_makefile_has_only_the_candidates_targets(handout):
+    result = run(["make"], handout)
+    assert result.returncode == 0, result.stderr
+    targets = re.findall(r"^\s+make (\S+)", result.stdout, re.MULTILINE)
+    assert targets == ["help", "deps", "build", "kata", "watch", "reset"]
+
+
+def test_make_kata_on_the_shipped_handout(shipped_handout):
+    result = run(["make", "kata", f"PYTHON={sys.executable}"], shipped_handout)
+    out = result.stdout
+    assert result.returncode != 0 and "Error 1" in result.stderr, out + result.stderr
+    assert "Traceback" not in out + result.stderr
+    for flaw in CATALOG:  # one line per flaw: mark, id, title, and why a skipped one skipped
+        reason = MACHINE.skip_reason(flaw)
+        mark, tail = ("–", f"(skipped: {reason.split(';')[0]})") if reason else ("✗", "")
+        line = rf"^  {mark} {re.escape(flaw.id)} +{re.escape(flaw.title)}\s*{re.escape(tail)}$"
+        assert re.search(line, out, re.MULTILINE), f"no line for {flaw.id}:\n{out}"
+    skipped = f" ({len(SKIPPED_HERE)} skipped here)" if SKIPPED_HERE else ""
+    assert f"\n0/{len(RUN_HERE)} fixed on this machine{skipped}\n" in out
+
+    first = RUN_HERE[0]
+    assert f"First failure: {first.id} - {first.title}\n" in out
+    assert f"Hint:    python -m kata hint {first.id}\n" in out
+    seed = re.search(rf"Replay:  python -m kata review --only {first.id} --seed (\d+)\n", out)
+    assert seed, out
+    assert out.rstrip().endswith("(`make watch` re-runs it on every save).")
+
+    # The replay command reproduces the evidence printed. Word for word but for parentheses:
+    # what the C library says as it aborts on a corrupted heap varies from run to run.
+    replay = kata("review", "--only", first.id, "--seed", seed[1], "--json", cwd=shipped_handout)
+    evidence = json.loads(replay.stdout)["flaws"][0]["evidence"]
+    printed = out.split(f" - {first.title}\n", 1)[1].split("\n\n", 1)[0]
+    assert _words(printed) == _words(evidence)
+
+
+def _words(text: str) -> str:
+    return " ".join(re.sub(r"\((?:[^()]|\([^()]*\))*\)", "", text).split())
+
+
+def test_hints_go_up_a_level_each_time_and_stay_in_the_handout(handout):
+    state = REPO_ROOT / ".kata-hints.json"
+    ours = state.read_text() if state.exists() else None
+    (handout / ".kata-hints.json").unlink(missing_ok=True)
+    for level in (1, 2, 3):
+        result = kata("hint", "dtype", cwd=handout)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"Hint {level} of 3 for dtype"), result.stdout
+    assert json.loads((handout / ".kata-hints.json").read_text()) == {"dtype": 3}
+    assert (state.read_text() if state.exists() else None) == ours
+
+
+def test_watch_rechecks_on_save_and_counts_the_dtype_fix(shipped_handout):
+    """make watch: the first check, then the candidate saves the dtype fix, then a second check
+    that counts it; Ctrl-C (SIGINT to the terminal's process group) stops it cleanly."""
+    watch = subprocess.Popen(
+        ["make", "watch", f"PYTHON={sys.executable}"],
+        cwd=shipped_handout,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal would give it
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in watch.stdout])
+    reader.start()
+    seen: list[str] = []
+
+    def read_until(text: str, timeout: float = 120) -> None:
+        """Read lines until a new one holds `text`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                seen.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                pytest.fail(f"no {text!r} within {timeout} s:\n{''.join(seen)}")
+            if text in seen[-1]:
+                return
+
+    try:
+        read_until("watching flawed/ (Ctrl-C to stop)")
+        first_run = "".join(seen)
+        (shipped_handout / WRAPPER).write_text(with_dtype_fix(SHIPPED_WRAPPER))
+        read_until("watching flawed/ (Ctrl-C to stop)")
+        second_run = "".join(seen)[len(first_run) :]
+        os.killpg(watch.pid, signal.SIGINT)
+        watch.wait(timeout=30)
+    finally:
+        if watch.poll() is None:
+            os.killpg(watch.pid, signal.SIGKILL)
+    reader.join(timeout=10)
+    rest = "".join(lines.get() for _ in range(lines.qsize()))
+    assert f"0/{len(RUN_HERE)} fixed on this machine" in first_run
+    assert "saved: attention_wrapper.py" in second_run, second_run
+    assert re.search(r"^  ✓ dtype ", second_run, re.MULTILINE), second_run
+    assert f"1/{len(RUN_HERE)} fixed on this machine" in second_run
+    assert f"First failure: {RUN_HERE[1].id} " in second_run
+    assert "stopped watching." in rest and "Traceback" not in first_run + second_run + rest
+
+
+def test_reset_restores_the_shipped_wrapper_and_keeps_a_backup(handout):
+    edited = SHIPPED_WRAPPER + "\n# my edit\n"
+    (handout / WRAPPER).write_text(edited)
+    result = run(["make", "reset", f"PYTHON={sys.executable}"], handout)  # no terminal to ask
+    assert "kata: reset needs confirmation: run `python -m kata reset --yes`" in result.stderr
+    assert (handout / WRAPPER).read_text() == edited
+
+    result = kata("reset", "--yes", cwd=handout)
+    assert result.returncode == 0, result.stderr
+    assert (handout / WRAPPER).read_text() == SHIPPED_WRAPPER
+    backup = re.search(r"Your copy: (\S+)/", result.stdout)[1]
+    assert (handout / backup / "attention_wrapper.py").read_text() == edited
+
+
+def test_handout_has_no_fixed_to_review(handout):
+    for command in (["review", "--impl", "fixed"], ["check", "--impl", "fixed"]):
+        result = kata(*command, cwd=handout)
+        assert result.returncode == 2
+        assert (
+            result.stderr == "kata: this copy has no fixed/ (a candidate's handout leaves it out)\n"
+        )
+
+
+def test_check_exits_0_when_every_flaw_that_ran_is_fixed():
+    result = kata("check", "--impl", "fixed", cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"\n{len(RUN_HERE)}/{len(RUN_HERE)} fixed on this machine" in result.stdout
+    assert "Every check that runs here passes" in result.stdout
+    assert "First failure" not in result.stdout
+
+
+def _review(statuses: dict[str, str]) -> Review:
+    reports = [
+        FlawReport(flaw, ProbeResult(statuses.get(flaw.id, "fixed"), f"evidence of {flaw.id}"))
+        for flaw in CATALOG
+    ]
+    return Review(Implementation("flawed", "dir", REPO_ROOT / "flawed"), MACHINE, 7, reports)
+
+
+def test_exit_status_counts_only_the_flaws_that_ran():
+    style = candidate._Style(io.StringIO())  # not a TTY: no colour
+    text, status = candidate.format_check(_review({"stream": "skipped"}), style)
+    assert status == 0 and f"\n{len(CATALOG) - 1}/{len(CATALOG) - 1} fixed" in text
+    long_evidence = "; ".join(f"case {n}: wrong result, relative error 0.{n}" for n in range(40))
+    review = _review({"stream": "skipped", "shape": "present"})
+    next(r for r in review.reports if r.flaw.id == "shape").result.evidence = long_evidence
+    text, status = candidate.format_check(review, style)
+    assert status == 1 and "First failure: shape" in text
+    assert _words(long_evidence) in _words(text)  # wrapped, never cut
+    assert "\x1b[" not in text
+
+
+def test_one_cause_behind_many_failures_is_pointed_out():
+    broken = _review({flaw.id: "present" for flaw in CATALOG})
+    for report in broken.reports:
+        report.result.evidence = "importing the implementation failed: SyntaxError: invalid syntax"
+    text, status = candidate.format_check(broken, candidate._Style(io.StringIO()))
+    assert status == 1 and f"({len(CATALOG)} failing checks say this: start here)" in text
