@@ -1,0 +1,146 @@
+"""Round two: the shipped proposed fix (flawed/proposed_fix/) shows each of its five flaws, fixed/
+passes every probe that judges them, and the round-two catalog is consistent."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from kata import FLAWED_DIR, REPO_ROOT, round2, shipped
+from kata.catalog import CATALOG
+from kata.probes import PROBES
+from kata.review import Review, resolve_implementation, run_review
+from tests.conftest import NEED_MARKS, result_of
+
+
+def round2_params():
+    return [
+        pytest.param(
+            flaw,
+            id=flaw.id,
+            marks=[pytest.mark.flaw(flaw.id), *(NEED_MARKS[need] for need in flaw.needs)],
+        )
+        for flaw in round2.CATALOG
+    ]
+
+
+@pytest.fixture(scope="module")
+def proposed_fix_review() -> Review:
+    # Build the extension once before the probes start, so that no probe spends its time limit
+    # waiting on the cold build.
+    failure = round2.prepare()
+    assert failure is None, f"flawed/proposed_fix/ must build as shipped: {failure}"
+    return run_review(
+        resolve_implementation(str(round2.ROUND2_DIR)),
+        catalog=round2.CATALOG,
+        round_number=2,
+        prepare=round2.prepare,
+    )
+
+
+@pytest.fixture(scope="module")
+def fixed_round2_review() -> Review:
+    return run_review(resolve_implementation("fixed"), catalog=round2.CATALOG)
+
+
+@pytest.mark.parametrize("flaw", round2_params())
+def test_shipped_proposed_fix_fails(flaw, request):
+    changed = shipped.changed_files()
+    if changed:
+        pytest.skip(f"flawed/ has been edited; make reset to restore ({', '.join(changed)})")
+    review = request.getfixturevalue("proposed_fix_review")
+    result = result_of(review, flaw.id)
+    if (
+        result.status == "fixed"
+        and flaw.probe_id == "dtype"
+        and review.machine.probe_device == "cuda"
+    ):
+        pytest.skip(
+            "on a GPU machine the dtype probe passes CUDA inputs only, and the proposed fix "
+            "checks the dtype of CUDA inputs: the flaw shows with CPU inputs (a CPU-only machine)"
+        )
+    assert result.status == "present", (
+        f"the {flaw.probe_id} probe did not catch {flaw.id} in the shipped proposed fix: "
+        f"{result.evidence} (replay: python -m kata review --round 2 --only {flaw.id} "
+        f"--seed {review.seed})"
+    )
+    assert result.evidence, "a present flaw must come with evidence"
+
+
+@pytest.mark.parametrize("flaw", round2_params())
+def test_fixed_passes_round2_probe(flaw, fixed_round2_review):
+    result = result_of(fixed_round2_review, flaw.id)
+    assert result.status == "fixed", (
+        f"fixed/ fails the {flaw.probe_id} probe that judges {flaw.id}: {result.evidence} "
+        f"(replay: python -m kata review --round 2 --impl fixed --only {flaw.id} "
+        f"--seed {fixed_round2_review.seed})"
+    )
+
+
+def test_round2_ids_are_unique_and_new():
+    ids = [flaw.id for flaw in round2.CATALOG]
+    assert len(ids) == len(set(ids)) == 5
+    assert not set(ids) & {flaw.id for flaw in CATALOG}
+
+
+def test_round2_points_total_50():
+    assert all(flaw.points == 10 for flaw in round2.CATALOG)
+    assert sum(flaw.points for flaw in round2.CATALOG) == 50
+
+
+def test_round2_probes_exist():
+    for flaw in round2.CATALOG:
+        assert flaw.probe, f"{flaw.id} names no probe"
+        assert flaw.probe_id in PROBES, f"{flaw.id}: no probe {flaw.probe_id!r} in kata.probes"
+
+
+def test_round2_entries_are_complete():
+    """Title, where and three hints; the code lines `review --explain` shows are in the shipped
+    files (the manifest's copy, so that a candidate's edits do not fail this test)."""
+    files = shipped.shipped()
+    prefix = round2.ROUND2_DIR.relative_to(FLAWED_DIR).as_posix()
+    for flaw in round2.CATALOG:
+        assert flaw.title and flaw.where, flaw.id
+        assert len(flaw.hints) == 3 and all(flaw.hints), flaw.id
+        assert flaw.code, f"{flaw.id} shows no code"
+        for name, needle in flaw.code:
+            text = files.get(f"{prefix}/{name}")
+            assert text is not None, f"{flaw.id}: {name} is not shipped in {prefix}/"
+            assert needle in text, f"{flaw.id}: {needle!r} not found in {name}"
+
+
+def test_rubric_has_a_round_two_section_per_flaw_with_the_catalogs_points():
+    rubric = (REPO_ROOT / "rubric.md").read_text()
+    round_two = rubric.split("## Round two: review the proposed fix", 1)[1]
+    sections = re.findall(
+        r"^### `(r2-[a-z0-9-]+)`: (.+?)\n+\*\*Points: (\d+)\*\*", round_two, flags=re.MULTILINE
+    )
+    assert [(i, int(p)) for i, _, p in sections] == [(f.id, f.points) for f in round2.CATALOG]
+
+
+def test_round_two_review_command_judges_the_proposed_fix():
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kata",
+            "review",
+            "--round",
+            "2",
+            "--json",
+            "--only",
+            "r2-status-not-raised",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    assert report["implementation"] == "flawed/proposed_fix"
+    [flaw] = report["flaws"]
+    assert (flaw["id"], flaw["status"]) == ("r2-status-not-raised", "present"), flaw
