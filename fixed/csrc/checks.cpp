@@ -13,9 +13,10 @@ std::string dtype_name(at::ScalarType dtype) {
   return std::string(c10::getDtypeNames(dtype).first);
 }
 
-// Numbers and shapes go into error messages as strings formatted here: with torch 2.11+cu130
-// on the GPU machine, an int64_t passed to TORCH_CHECK_* crashed the process (SIGSEGV) instead
-// of raising. "[2, 64, 32]" for a shape.
+// Numbers and shapes go into error messages as strings formatted here. Built with one GPU
+// machine's default C++ compiler (not the system g++), an extension that streamed an int64_t
+// into a TORCH_CHECK message crashed (SIGSEGV) instead of raising; std::to_string did not.
+// "[2, 64, 32]" for a shape.
 std::string shape_of(c10::IntArrayRef sizes) {
   std::string text = "[";
   for (size_t i = 0; i < sizes.size(); ++i) {
