@@ -86,20 +86,38 @@ def candidate_changes(review: Review) -> Changes | None:
 
 
 def _file_change(name: str, diff_lines: list[str], directory: Path) -> FileChange:
-    added = sum(1 for line in diff_lines if line.startswith("+") and not line.startswith("+++"))
-    removed = sum(1 for line in diff_lines if line.startswith("-") and not line.startswith("---"))
-    lines = []
-    for first, count in re.findall(
-        r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", "\n".join(diff_lines), re.M
-    ):
-        first, count = int(first), int(count or 1)
-        if count:
-            lines.append((first, first + count - 1))
+    added = removed = 0
+    touched: list[int] = []  # lines of the candidate's file that are new, or where lines went
+    line = 0
+    for text in diff_lines:
+        if text.startswith(("+++", "---")):
+            continue
+        if hunk := re.match(r"^@@ -\d+(?:,\d+)? \+(\d+)", text):
+            line = int(hunk.group(1))
+        elif text.startswith("+"):
+            added += 1
+            touched.append(line)
+            line += 1
+        elif text.startswith("-"):
+            removed += 1
+            touched.append(max(line, 1))
+        else:
+            line += 1
     exists = (directory / name).exists()
     status = (
         "removed" if not exists else "added" if name not in _shipped_names(directory) else "edited"
     )
-    return FileChange(name, added, removed, lines, status)
+    return FileChange(name, added, removed, _as_ranges(sorted(set(touched))), status)
+
+
+def _as_ranges(numbers: list[int]) -> list[tuple[int, int]]:
+    ranges: list[tuple[int, int]] = []
+    for n in numbers:
+        if ranges and n == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], n)
+        else:
+            ranges.append((n, n))
+    return ranges
 
 
 def _shipped_names(directory: Path) -> set[str]:
@@ -137,14 +155,14 @@ def _describe(change: FileChange) -> str:
 # -------------------------------------------------------------------------------- outputs
 
 
-def _header(review: Review) -> list[str]:
+def _header(review: Review) -> list[tuple[str, str]]:
     implementation = review.implementation
     where = "" if implementation.kind == "fixed" else f" ({implementation.path})"
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     return [
-        f"implementation: {implementation.label}{where}, round {review.round}",
-        f"device:         {review.machine.device}",
-        f"date:           {date}    seed: {review.seed}",
+        ("implementation", f"{implementation.label}{where}, round {review.round}"),
+        ("device", review.machine.device),
+        ("date", f"{date}    seed: {review.seed}"),
     ]
 
 
@@ -161,7 +179,8 @@ def _score_line(review: Review, bands) -> str:
 
 def format_table(review: Review, changes: Changes | None, bands) -> str:
     width = max(80, min(shutil.get_terminal_size((120, 24)).columns, 160))
-    lines = ["Attention-wrapper kata: review", *_header(review), ""]
+    header = [f"{label + ':':<15} {value}" for label, value in _header(review)]
+    lines = ["Attention-wrapper kata: review", *header, ""]
     id_width = max([13, *(len(r.flaw.id) for r in review.reports)])
     lines.append(f"{'ID':<{id_width}} {'STATUS':<8} {'POINTS':>6}  EVIDENCE")
     for report in review.reports:
@@ -195,7 +214,7 @@ def _lint_summary(changes: Changes) -> str:
 
 def format_markdown(review: Review, changes: Changes | None, bands) -> str:
     lines = ["# Attention-wrapper kata: review", ""]
-    lines += [f"- {line.replace('  ', ' ').strip()}" for line in _header(review)]
+    lines += [f"- **{label}:** {' '.join(value.split())}" for label, value in _header(review)]
     lines += ["", f"**{_score_line(review, bands)}**", ""]
     lines += ["| id | status | points | evidence |", "| --- | --- | ---: | --- |"]
     for report in review.reports:

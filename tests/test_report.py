@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import shutil
 import subprocess
 import sys
@@ -157,3 +158,13 @@ def test_explain_names_unknown_ids():
     )
     assert completed.returncode == 2
     assert "unknown flaw id 'nope' in round 1" in completed.stderr
+
+
+def test_touched_lines_are_the_edited_ones_not_the_diff_context(tmp_path):
+    old = [f"line {n}" for n in range(1, 21)]
+    new = [*old[:4], "inserted a", "inserted b", *old[4:9], "line 10 edited", *old[10:]]
+    (tmp_path / "wrapper.py").write_text("\n".join(new))
+    diff = list(difflib.unified_diff(old, new, lineterm=""))
+    change = report._file_change("wrapper.py", diff, tmp_path)
+    assert (change.added, change.removed) == (3, 1)
+    assert change.lines == [(5, 6), (12, 12)]  # 5-6 inserted; old line 10 is new line 12
