@@ -40,9 +40,17 @@ SKIPPED_HERE = [flaw for flaw in CATALOG if MACHINE.skip_reason(flaw) is not Non
 
 
 def _env() -> dict[str, str]:
-    """The candidate's environment: no PYTHONPATH into this repository, no outer make."""
+    """The candidate's environment: no PYTHONPATH into this repository, no outer make. Other
+    PYTHONPATH entries stay: an offline GPU machine may hold its wheels there."""
     drop = {"PYTHONPATH", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "FORCE_COLOR"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
+    outside = [
+        entry
+        for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if entry and not Path(entry).resolve().is_relative_to(REPO_ROOT)
+    ]
+    if outside:
+        env["PYTHONPATH"] = os.pathsep.join(outside)
     return env | {"NO_COLOR": "1", "PYTHONUTF8": "1"}  # the marks the tests look for are UTF-8
 
 
