@@ -164,6 +164,7 @@ def build_fixed() -> None:
 PURE_CUDA_SOURCES = (
     REPO_ROOT / "flawed" / CUDA_SOURCE,
     FIXED_DIR / "csrc" / "attention_kernels.cuh",
+    FIXED_DIR / "csrc" / "flash_forward.cuh",
 )
 
 

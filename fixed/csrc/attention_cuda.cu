@@ -2,8 +2,8 @@
 // sequence, the lessons of the unsafe wrapper in order:
 //   check the inputs -> guard the inputs' device -> take the current stream -> allocate outputs
 //   on the device -> return early without a launch when empty -> launch -> check the launch.
-// The kernels and their launchers are in attention_kernels.cuh (no torch includes there, so
-// nvcc can compile-check them without a GPU).
+// The kernels and their launchers are in attention_kernels.cuh and, for the tensor-core forward,
+// flash_forward.cuh (no torch includes there, so nvcc can compile-check them without a GPU).
 #include <limits>
 #include <tuple>
 
@@ -18,6 +18,7 @@
 
 #include "attention_kernels.cuh"
 #include "checks.h"
+#include "flash_forward.cuh"
 
 namespace fixed_attention {
 namespace {
@@ -96,9 +97,16 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& quer
   const kernels::AttentionProblem problem = make_problem(shape, scale, causal);
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
-    kernels::launch_attention_forward(cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
-                                      cuda_ptr<scalar_t>(v), cuda_mutable_ptr<scalar_t>(output),
-                                      logsumexp.mutable_data_ptr<float>(), problem, stream);
+    // The tensor-core kernel where it covers the case (half/bfloat16, head dim 64 or 128),
+    // otherwise the generic one; either way exactly one launch, checked below.
+    const bool launched = kernels::launch_flash_forward(
+        cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k), cuda_ptr<scalar_t>(v),
+        cuda_mutable_ptr<scalar_t>(output), logsumexp.mutable_data_ptr<float>(), problem, stream);
+    if (!launched) {
+      kernels::launch_attention_forward(cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
+                                        cuda_ptr<scalar_t>(v), cuda_mutable_ptr<scalar_t>(output),
+                                        logsumexp.mutable_data_ptr<float>(), problem, stream);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {output, logsumexp};

@@ -1,0 +1,668 @@
+// FlashAttention-2-style forward for half and bfloat16 on tensor cores (mma.sync m16n8k16,
+// ldmatrix, cp.async: sm_80 and later, Ampere and Hopper), head dims 64 and 128. The launchers
+// at the bottom return false, launching nothing, for every case they do not cover (float32,
+// other head dims, inputs not 16-byte aligned, no sm_80+ image of the kernel for the device);
+// the caller then runs the generic kernel of attention_kernels.cuh: the same function.
+//
+// No torch includes, so CI compile-checks this header on a machine without a GPU:
+//   nvcc -arch=sm_90 -x cu -c fixed/csrc/flash_forward.cuh -o /dev/null
+// The launchers are non-template functions, so that command instantiates every kernel variant.
+//
+// The function is the forward of attention_kernels.cuh: per batch item, query row i, visible
+// key j (all keys, or j <= i when causal, top-left aligned):
+//   o_i = sum_j softmax_j(scale q_i.k_j) v_j      lse_i = log sum_j exp(scale q_i.k_j)
+// out (B, L, E) in the input dtype, lse (B, L) float32 (natural log).
+//
+// ---------------------------------------------------------------------------------- tiling
+// A CTA is 4 warps (128 threads) and owns kBlockM = 128 query rows of one batch item; warp w
+// owns rows [32 w, 32 w + 32): two m-tiles of 16 rows (kMTiles = 2, FlashAttention-2's 128-row
+// tile for both head dims on H100). With 32 rows a warp uses every K and V fragment it reads
+// from shared memory for two mma's, half the shared-memory traffic per FLOP of 16 rows per
+// warp (see perf/NOTES.md). The CTA loops over key blocks of kBlockN keys in shared memory
+// (128 for D = 64, 64 for D = 128; one barrier each), each in softmax steps of kSubN keys
+// (64 for D = 64, 32 for D = 128: what keeps the D = 128 variant under 255 registers):
+//   S  = Q K^T          (kMTiles x kSubN/8 fp32 accumulator fragments per lane)
+//   online softmax on S in registers (log2 domain: s * scale * log2(e), exp2)
+//   P  = bf16/fp16(S)   reused in registers as the A operand, no shared-memory round trip
+//   O += P V            (kMTiles x D/8 fp32 accumulator fragments per lane)
+// O is rescaled only when some row of the warp has a new max (a warp vote): exact, since the
+// factor is then 1 for every row, and most late steps skip those 2 kMTiles D / 8 multiplies.
+// At the end O /= rowsum, lse = max + log(rowsum); O goes out through shared memory with
+// 16-byte stores. Q stays in shared memory (ldmatrix per k-step): in registers it would cost
+// 32 (D = 64) or 64 (D = 128) more registers than there are.
+// Causal: key blocks wholly after the CTA's last row are never loaded, steps past it never
+// computed; only steps that cross the diagonal (or the end of the keys) are masked, element by
+// element. Work items (batch item, row block) are ordered heaviest row block first within a
+// batch item, and all row blocks of one batch item are adjacent: they share its K and V in L2.
+//
+// --------------------------------------------------------------- fragments (PTX ISA 9.7.14)
+// lane = 0..31, g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group).
+// mma.m16n8k16 .row.col, f16/bf16 operands, f32 accumulators:
+//   A 16x16 (row = M, col = K), 4 b32 registers of 2 elements (low half = lower column):
+//     a[0] = A[g][2t, 2t+1]      a[1] = A[g+8][2t, 2t+1]
+//     a[2] = A[g][2t+8, 2t+9]    a[3] = A[g+8][2t+8, 2t+9]
+//   B 16x8 (row = K, col = N), 2 b32 registers:
+//     b[0] = B[2t, 2t+1][g]      b[1] = B[2t+8, 2t+9][g]
+//   C/D 16x8 f32, 4 registers:
+//     c[0], c[1] = C[g][2t, 2t+1]          c[2], c[3] = C[g+8][2t, 2t+1]
+// ldmatrix.m8n8.x4.b16: lanes 8i..8i+7 give the 8 row addresses (16 bytes each) of matrix i,
+// and register i of every lane receives from matrix i:
+//   plain:  M_i[g][2t, 2t+1]       (row g, two adjacent columns)
+//   .trans: M_i[2t][g], M_i[2t+1][g] (two adjacent rows, column g)
+// Hence, with Q, K, V row-major in shared memory (rows = tokens, columns = head dim d):
+// - Q as A (m-tile rows r0.., k-step d0..): lane gives row r0 + (lane & 15), column
+//   d0 + 8 (lane >> 4); matrices (rows 0-7, d 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
+//   are exactly a[0..3].
+// - K as B of S = Q K^T (B[k = d][n = key] = K[key][d], so K row-major is B "col"): lane gives
+//   key n0 + (lane & 7) + 8 (lane >> 4), column d0 + 8 ((lane >> 3) & 1); registers 0, 1 are
+//   b[0], b[1] of keys n0..n0+7 and registers 2, 3 those of keys n0+8..n0+15.
+// - V as B of O = P V (B[k = key][n = d] = V[key][d]: two adjacent keys per register, so
+//   .trans): lane gives key k0 + (lane & 15), column d0 + 8 (lane >> 4); registers 0, 1 are
+//   b[0], b[1] of columns d0..d0+7 and registers 2, 3 those of columns d0+8..d0+15.
+// - P as A of O = P V: the C fragments of S for keys 16kk..16kk+7 (n-tile 2kk) and
+//   16kk+8..16kk+15 (n-tile 2kk+1) are, packed in pairs, exactly a[0..3]:
+//     a[0] = S[2kk][c0, c1]   a[1] = S[2kk][c2, c3]   a[2] = S[2kk+1][c0, c1]
+//     a[3] = S[2kk+1][c2, c3]
+// - Row statistics: row g (and g+8) of an m-tile lives in the 4 lanes of a quad (same g), so
+//   row max and row sum reduce with __shfl_xor_sync over 1 and 2; the row sum is kept per lane
+//   and reduced once at the end (it is linear, and every lane of a quad rescales by the same
+//   factor).
+//
+// ----------------------------------------------------------------------- shared memory
+// Tiles are row-major, D bf16/fp16 per row (128 or 256 bytes), in 16-byte chunks: chunk c of
+// row r is stored at chunk position c ^ (r & 7) of that row (XOR swizzle, a permutation of
+// each aligned group of 8 chunks). Every access is by 16-byte chunks or within one:
+// - ldmatrix: the 8 lanes of one matrix give 8 consecutive rows (r & 7 = 0..7) at one logical
+//   chunk, hence 8 distinct physical chunks of one 128-byte span: all 32 banks, no conflict.
+// - cp.async and the output read-back: 8 consecutive lanes handle chunks 0..7 (or 8..15) of
+//   one row: a permutation of 8 chunks, no conflict.
+// - output staging (4-byte stores of C fragments): rows g = 0..7 at chunk j go to 8 distinct
+//   chunks, t picks the word: 32 distinct banks.
+// Shared memory per CTA: Q [128][D] + 2 x (K [kBlockN][D] + V [kBlockN][D]):
+//   D = 64: 16 + 2 x 32 KB = 80 KB;   D = 128: 32 + 2 x 32 KB = 96 KB (opt-in above 48 KB).
+//
+// ---------------------------------------------------------------------------- pipeline
+// cp.async.cg 16-byte copies (L2 only, no L1 allocation). Rows past the last row of Q, K or V
+// get 16-byte zero stores instead: tails compute on zeros (masked scores, zero V rows, so
+// P * V adds nothing and never NaN) and nothing past a tensor's end is read.
+// K and V are double-buffered: the prologue loads Q and block 0; iteration j waits for its own
+// copies (cp.async.wait_group 0), one __syncthreads makes block j visible to all warps AND
+// proves that every warp is done with block j-1, whose buffer then receives block j+1's copies,
+// in flight while block j is computed. One barrier per key block. The epilogue stages O in the
+// warp's own rows of the Q tile (__syncwarp only); a barrier ends each work item.
+//
+// Registers (nvcc 13.0, sm_90): 251 (D = 128) and 235 (D = 64) per thread, no spills, no
+// stack; __launch_bounds__(128, 2): two CTAs (8 warps) per SM.
+// Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
+#ifndef FIXED_FLASH_FORWARD_CUH_
+#define FIXED_FLASH_FORWARD_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "attention_kernels.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
+
+namespace fixed_attention {
+namespace kernels {
+namespace flash {
+
+// kHeadDim: 64 or 128 (E must equal it). kBlockN: keys per shared-memory block. kSubN: keys per
+// softmax step. kMTiles: 16-row m-tiles per warp (2 is FlashAttention-2's tile, 1 gives 64-row
+// CTAs; the code takes either).
+template <int kHeadDim_, int kBlockN_, int kSubN_, int kMTiles_>
+struct Tiling {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;  // keys per shared-memory block (one barrier each)
+  static constexpr int kSubN = kSubN_;      // keys per softmax step (S registers: kSubN / 2)
+  static constexpr int kSubBlocks = kBlockN / kSubN;
+  static constexpr int kMTiles = kMTiles_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarpRows = 16 * kMTiles;         // query rows per warp
+  static constexpr int kBlockM = kWarps * kWarpRows;     // query rows per CTA
+  static constexpr int kChunks = kHeadDim / 8;           // 16-byte chunks per row
+  static constexpr int kKSteps = kHeadDim / 16;          // k-steps of S = Q K^T
+  static constexpr int kNTiles = kSubN / 8;              // n-tiles of S (one step)
+  static constexpr int kPSteps = kSubN / 16;             // k-steps of O += P V (one step)
+  static constexpr int kDTiles = kHeadDim / 8;           // n-tiles of O
+  static constexpr int kQElems = kBlockM * kHeadDim;     // elements of the Q tile
+  static constexpr int kKVElems = kBlockN * kHeadDim;    // elements of one K or V buffer
+  // Q + 2 buffers of K + 2 of V, 2 bytes per element.
+  static constexpr std::size_t kSmemBytes = 2 * (kQElems + 4 * kKVElems);
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+  static_assert(kSubN % 16 == 0 && kSubN >= 16 && kBlockN % kSubN == 0,
+                "key blocks of whole softmax steps, steps of whole k-steps");
+  static_assert(kMTiles == 1 || kMTiles == 2, "one or two m-tiles per warp");
+  static_assert(kChunks >= 8, "the XOR swizzle permutes groups of 8 chunks");
+  static_assert(kThreads % kChunks == 0 && 32 % kChunks == 0, "whole rows per copy pass");
+  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
+};
+
+// The variants the launchers use (see perf/NOTES.md for the choice).
+using Tiling64 = Tiling<64, 128, 64, 2>;
+using Tiling128 = Tiling<128, 64, 32, 2>;
+
+// ------------------------------------------------------------------------ PTX wrappers
+// Inline PTX needs sm_80 (bf16 mma, cp.async); the kernel body compiles only there.
+
+__device__ __forceinline__ uint32_t smem_addr(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// 16 bytes global -> shared, bypassing L1 (.cg), asynchronous (cp.async groups below).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+
+// 16 zero bytes to shared memory (the rows of a tile past the end of its matrix).
+__device__ __forceinline__ void st_shared_zero_16(uint32_t dst) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Wait until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+// c += a b for one 16x8x16 tile; T selects the operand type (bf16 or f16).
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    static_assert(std::is_same_v<T, __half>, "bf16 or f16 operands");
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+// Two floats rounded to nearest-even into one b32 register: lo in bits 0-15 (the lower column
+// or row of a fragment pair), hi in bits 16-31.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t bits;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);  // .x = lo, .y = hi
+    std::memcpy(&bits, &pair, sizeof(bits));
+  } else {
+    const __half2 pair = __floats2half2_rn(lo, hi);  // .x = lo, .y = hi
+    std::memcpy(&bits, &pair, sizeof(bits));
+  }
+  return bits;
+}
+
+// 2^x, MUFU.EX2 (ftz; 2^-inf = +0, which masked scores rely on).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ------------------------------------------------------------------------ tile helpers
+
+// Byte offset of element (row, 8 * chunk) of a swizzled [rows][kHeadDim] tile.
+template <int kHeadDim>
+__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
+  return static_cast<uint32_t>((row * kHeadDim + ((chunk ^ (row & 7)) << 3)) * 2);
+}
+
+// Rows [0, kRows) of a (rows, kHeadDim) row-major global matrix starting at `src` into a
+// swizzled shared tile at `dst`: 16-byte cp.async for rows < valid_rows, 16-byte zero stores
+// for the rest (never read: no access past the end of a tensor). Thread `tid` handles chunk
+// tid % kChunks of rows tid / kChunks + pass * kRowsPerPass; kRowsPerPass is a multiple of 8,
+// so the row's swizzle key (row & 7) is the same for every pass and offsets are immediates.
+template <class F, int kRows, typename T>
+__device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t valid_rows,
+                                          int tid) {
+  constexpr int kRowsPerPass = F::kThreads / F::kChunks;
+  static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "whole passes");
+  const int chunk = tid % F::kChunks;
+  const int first_row = tid / F::kChunks;
+  // Valid rows of this tile, 0..kRows (an int from here on).
+  const int valid = static_cast<int>(valid_rows < 0 ? 0 : valid_rows < kRows ? valid_rows : kRows);
+  const T* const thread_src = src + first_row * F::kHeadDim + chunk * 8;
+  const uint32_t thread_dst = dst + swizzled<F::kHeadDim>(first_row, chunk);
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const uint32_t to = thread_dst + pass * kRowsPerPass * F::kHeadDim * 2;
+    if (pass * kRowsPerPass + first_row < valid) {
+      cp_async_16(to, thread_src + pass * kRowsPerPass * F::kHeadDim);
+    } else {
+      st_shared_zero_16(to);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ kernel
+
+template <typename T, class F>
+__global__ void __launch_bounds__(F::kThreads, 2)
+    flash_forward_kernel(const T* __restrict__ q,  // (B, L, D)
+                         const T* __restrict__ k,  // (B, S, D)
+                         const T* __restrict__ v,  // (B, S, D)
+                         T* __restrict__ out,      // (B, L, D)
+                         float* __restrict__ lse,  // (B, L)
+                         const AttentionProblem p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int D = F::kHeadDim;
+  constexpr int kMTiles = F::kMTiles, kNTiles = F::kNTiles, kDTiles = F::kDTiles;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kLn2 = 0.6931471805599453f;
+  constexpr unsigned kFullMask = 0xffffffffu;
+  extern __shared__ uint4 flash_smem[];  // 16-byte aligned
+  const uint32_t q_tile = smem_addr(flash_smem);
+  const uint32_t k_tiles = q_tile + F::kQElems * 2;       // 2 buffers of kKVElems
+  const uint32_t v_tiles = k_tiles + 2 * F::kKVElems * 2;  // 2 buffers of kKVElems
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;  // fragment row (groupID)
+  const int t = lane & 3;   // fragment column pair (threadID_in_group)
+  const int warp_row0 = warp * F::kWarpRows;  // first row of this warp in the CTA's tile
+
+  // Per-lane ldmatrix addresses, at chunk pair 0 (see the header comment). Every 8-lane group
+  // gives 8 consecutive rows starting at a multiple of 8, so each row's swizzle key is
+  // lane & 7, and logical chunk 2s + c sits at physical chunk (c ^ (lane & 7)) ^ 2s.
+  const int x = lane & 7;
+  // Q (A operand) and V (B operand, .trans): row lane & 15, chunk lane >> 4.
+  const uint32_t qv_chunk = static_cast<uint32_t>((lane >> 4) ^ x);
+  const uint32_t q_lane = q_tile + static_cast<uint32_t>((warp_row0 + (lane & 15)) * D * 2);
+  const uint32_t v_lane = v_tiles + static_cast<uint32_t>((lane & 15) * D * 2);
+  // K (B operand): row (lane & 7) + 8 (lane >> 4), chunk (lane >> 3) & 1.
+  const uint32_t k_chunk = static_cast<uint32_t>(((lane >> 3) & 1) ^ x);
+  const uint32_t k_lane = k_tiles + static_cast<uint32_t>((x + ((lane >> 4) << 3)) * D * 2);
+
+  const int64_t L = p.len_q, S = p.len_kv;
+  const int64_t row_blocks = ceil_div(L, F::kBlockM);
+  const float scale_log2 = p.scale * kLog2e;
+
+  for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
+    const int64_t b = item / row_blocks;
+    const int64_t m0 = (row_blocks - 1 - item % row_blocks) * F::kBlockM;  // heaviest first
+    const int64_t kv_b = b * S * D;  // batch item b's K and V, as an offset: one register pair
+    // Keys this CTA's rows can see: causal rows m0..min(m0 + kBlockM, L) - 1 stop there.
+    const int64_t key_end = p.causal ? min64(S, min64(m0 + F::kBlockM, L)) : S;
+    // Fits an int: S keys of D 2-byte elements are in device memory, S / kBlockN < 2^31.
+    const int n_blocks = static_cast<int>(ceil_div(key_end, F::kBlockN));
+    const int n_steps = static_cast<int>(ceil_div(key_end, F::kSubN));  // softmax steps
+
+    // Prologue: Q (group 0), K and V of block 0 into buffer 0 (group 1).
+    load_tile<F, F::kBlockM>(q_tile, q + (b * L + m0) * D, L - m0, tid);
+    cp_async_commit();
+    load_tile<F, F::kBlockN>(k_tiles, k + kv_b, S, tid);
+    load_tile<F, F::kBlockN>(v_tiles, v + kv_b, S, tid);
+    cp_async_commit();
+
+    float o[kMTiles][kDTiles][4];
+    float row_max[kMTiles][2];  // log2 domain, per fragment row g (h = 0) and g + 8 (h = 1)
+    float row_sum[kMTiles][2];  // this lane's partial sum; reduced over the quad at the end
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+      for (int j = 0; j < kDTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          o[mi][j][e] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[mi][h] = -INFINITY;
+        row_sum[mi][h] = 0.f;
+      }
+    }
+
+    for (int block = 0; block < n_blocks; ++block) {
+      const uint32_t buf = static_cast<uint32_t>(block & 1) * F::kKVElems * 2;
+      cp_async_wait<0>();  // this thread's copies of block `block` (and Q) have landed
+      __syncthreads();     // everyone's have; and every warp is done with block - 1
+      if (block + 1 < n_blocks) {
+        const int64_t next = static_cast<int64_t>(block + 1) * F::kBlockN;
+        const uint32_t other = F::kKVElems * 2 - buf;
+        load_tile<F, F::kBlockN>(k_tiles + other, k + kv_b + next * D, S - next, tid);
+        load_tile<F, F::kBlockN>(v_tiles + other, v + kv_b + next * D, S - next, tid);
+      }
+      cp_async_commit();  // possibly empty: keeps the group count uniform
+
+      // Not unrolled: ptxas then schedules one step at a time and stays under 255 registers
+      // (unrolled, the D = 128 variant spilled).
+#pragma unroll 1
+      for (int sub = 0; sub < F::kSubBlocks; ++sub) {
+        if (block * F::kSubBlocks + sub >= n_steps) {
+          break;  // uniform: the rest of this block is past S or after every row (causal)
+        }
+        const int64_t n0 = static_cast<int64_t>(block) * F::kBlockN + sub * F::kSubN;
+        const uint32_t k_sub = k_lane + buf + sub * F::kSubN * D * 2;
+        const uint32_t v_sub = v_lane + buf + sub * F::kSubN * D * 2;
+
+        // S = Q K^T: s[mi][j] is the 16x8 tile of rows warp_row0 + 16 mi, keys n0 + 8 j.
+        float s[kMTiles][kNTiles][4];
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              s[mi][j][e] = 0.f;
+            }
+          }
+        }
+#pragma unroll
+        for (int ks = 0; ks < F::kKSteps; ++ks) {  // d = 16 ks .. 16 ks + 15
+          const uint32_t pair = static_cast<uint32_t>(2 * ks);
+          uint32_t a[kMTiles][4];
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi) {
+            ldmatrix_x4(a[mi], q_lane + mi * 16 * D * 2 + ((qv_chunk ^ pair) << 4));
+          }
+#pragma unroll
+          for (int np = 0; np < kNTiles / 2; ++np) {  // keys n0 + 16 np .. + 15
+            uint32_t bk[4];
+            ldmatrix_x4(bk, k_sub + np * 16 * D * 2 + ((k_chunk ^ pair) << 4));
+#pragma unroll
+            for (int mi = 0; mi < kMTiles; ++mi) {
+              mma_16816<T>(s[mi][2 * np], a[mi], bk[0], bk[1]);
+              mma_16816<T>(s[mi][2 * np + 1], a[mi], bk[2], bk[3]);
+            }
+          }
+        }
+
+        // To the log2 domain; mask keys past S, and (causal) keys after the row.
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              s[mi][j][e] *= scale_log2;
+            }
+          }
+        }
+        const bool tail = n0 + F::kSubN > S;
+        const bool diagonal = p.causal && n0 + F::kSubN - 1 > m0;
+        if (tail || diagonal) {  // uniform over the CTA
+          // Key n0 + c is visible to warp-local row r iff c < key_limit and c <= diag + r.
+          const int key_limit = static_cast<int>(min64(S - n0, F::kSubN));
+          int64_t diag64 = p.causal ? m0 + warp_row0 - n0 : F::kSubN;
+          diag64 = diag64 > F::kSubN ? F::kSubN : diag64;
+          diag64 = diag64 < -F::kBlockM ? -F::kBlockM : diag64;
+          const int diag = static_cast<int>(diag64);
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int row = 16 * mi + g + 8 * (e >> 1);  // warp-local
+                const int col = 8 * j + 2 * t + (e & 1);    // key - n0
+                if (col >= key_limit || col > diag + row) {
+                  s[mi][j][e] = -INFINITY;
+                }
+              }
+            }
+          }
+        }
+
+        // Online softmax: new row max (quad reduction), P = 2^(s - max) in place, running
+        // sum rescaled by 2^(old max - new max).
+        float rescale[kMTiles][2];
+        bool grew = false;
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float mx = row_max[mi][h];
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j) {
+              mx = fmaxf(mx, fmaxf(s[mi][j][2 * h], s[mi][j][2 * h + 1]));
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+            // Nothing visible yet: subtract 0, so that 2^(-inf - 0) = 0 rather than NaN.
+            const float base = mx == -INFINITY ? 0.f : mx;
+            const bool same = mx == row_max[mi][h];
+            grew = grew || !same;
+            // Exactly 1 when the max stayed; 0 on the first block (old max -inf).
+            rescale[mi][h] = same ? 1.f : exp2_approx(row_max[mi][h] - base);
+            row_max[mi][h] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const float prob = exp2_approx(s[mi][j][2 * h + c] - base);
+                s[mi][j][2 * h + c] = prob;
+                sum += prob;
+              }
+            }
+            row_sum[mi][h] = row_sum[mi][h] * rescale[mi][h] + sum;
+          }
+        }
+        // Rescale O only when some row of the warp has a new max (a warp-uniform branch; late
+        // blocks rarely raise the max), skipping 2 kMTiles kDTiles multiplies by exactly 1.
+        if (__any_sync(kFullMask, grew)) {
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+            for (int j = 0; j < kDTiles; ++j) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                o[mi][j][e] *= rescale[mi][e >> 1];
+              }
+            }
+          }
+        }
+
+        // O += P V: P's C fragments become A fragments (16 keys per k-step), V by .trans.
+#pragma unroll
+        for (int kk = 0; kk < F::kPSteps; ++kk) {  // keys n0 + 16 kk .. + 15
+          uint32_t pa[kMTiles][4];
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi) {
+            pa[mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+            pa[mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+            pa[mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+            pa[mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+          }
+#pragma unroll
+          for (int dp = 0; dp < kDTiles / 2; ++dp) {  // d = 16 dp .. + 15
+            uint32_t bv[4];
+            ldmatrix_x4_trans(bv, v_sub + kk * 16 * D * 2 +
+                                      ((qv_chunk ^ static_cast<uint32_t>(2 * dp)) << 4));
+#pragma unroll
+            for (int mi = 0; mi < kMTiles; ++mi) {
+              mma_16816<T>(o[mi][2 * dp], pa[mi], bv[0], bv[1]);
+              mma_16816<T>(o[mi][2 * dp + 1], pa[mi], bv[2], bv[3]);
+            }
+          }
+        }
+      }
+    }
+
+    // Epilogue. Copies still in flight only when no block ran (S == 0): drain them before the
+    // Q tile is reused for staging.
+    cp_async_wait<0>();
+    const int64_t warp_first_row = m0 + warp_row0;
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float sum = row_sum[mi][h];
+        sum += __shfl_xor_sync(kFullMask, sum, 1);
+        sum += __shfl_xor_sync(kFullMask, sum, 2);
+        // sum >= 1 whenever a key is visible (the max contributes 2^0); 0 only when S == 0:
+        // zeros and lse = -inf, as SDPA.
+        const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+        for (int j = 0; j < kDTiles; ++j) {
+          o[mi][j][2 * h] *= inv_sum;
+          o[mi][j][2 * h + 1] *= inv_sum;
+        }
+        const int64_t row = warp_first_row + 16 * mi + g + 8 * h;
+        if (t == 0 && row < L) {
+          lse[b * L + row] = sum > 0.f ? row_max[mi][h] * kLn2 + logf(sum) : -INFINITY;
+        }
+      }
+    }
+
+    // O through this warp's own rows of the Q tile (only this warp ever read them), then
+    // 16-byte coalesced stores of whole rows.
+    __syncwarp();  // every lane's last ldmatrix of Q is done
+    unsigned char* const smem_bytes = reinterpret_cast<unsigned char*>(flash_smem);
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp_row0 + 16 * mi + g + 8 * h;  // row & 7 == g
+#pragma unroll
+        for (int j = 0; j < kDTiles; ++j) {
+          const uint32_t offset = swizzled<D>(row, j) + 4 * t;  // columns 8 j + 2 t, + 1
+          const uint32_t bits = pack2<T>(o[mi][j][2 * h], o[mi][j][2 * h + 1]);
+          *reinterpret_cast<uint32_t*>(smem_bytes + offset) = bits;
+        }
+      }
+    }
+    __syncwarp();
+    constexpr int kRowsPerStep = 32 / F::kChunks;  // rows one warp-wide step copies
+    static_assert(32 % F::kChunks == 0 && F::kWarpRows % kRowsPerStep == 0, "whole rows");
+#pragma unroll
+    for (int step = 0; step < F::kWarpRows / kRowsPerStep; ++step) {
+      const int local = step * kRowsPerStep + lane / F::kChunks;
+      const int chunk = lane % F::kChunks;
+      const int row = warp_row0 + local;
+      const uint4 bits = *reinterpret_cast<const uint4*>(smem_bytes + swizzled<D>(row, chunk));
+      const int64_t global_row = m0 + row;
+      if (global_row < L) {
+        *reinterpret_cast<uint4*>(out + (b * L + global_row) * D + chunk * 8) = bits;
+      }
+    }
+    __syncthreads();  // the next work item's copies overwrite Q, K and V tiles
+  }
+#endif  // __CUDA_ARCH__ >= 800
+}
+
+// ------------------------------------------------------------------------ host launchers
+
+namespace detail {
+
+inline bool aligned16(const void* pointer) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0;
+}
+
+// True when the image of `kernel` that runs on the current device was compiled for sm_80 or
+// later. The kernel body exists only there (mma.sync with bf16, ldmatrix, cp.async): a build
+// whose only image for this device is older PTX, JIT-compiled, would run an empty kernel.
+template <typename Kernel>
+bool has_tensor_core_image(Kernel* kernel) {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // answered "no" here; not an error for the caller's check
+    return false;
+  }
+  return attributes.ptxVersion >= 80;
+}
+
+// Launches, or returns false having launched nothing.
+template <typename T, class F>
+bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
+            cudaStream_t stream) {
+  auto* kernel = flash_forward_kernel<T, F>;
+  if (!has_tensor_core_image(kernel)) {
+    return false;
+  }
+  const int64_t work = p.batch * ceil_div(p.len_q, F::kBlockM);
+  if (work <= 0) {
+    return true;  // empty: nothing to launch (a zero-sized grid is an invalid launch)
+  }
+  kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
+  kernel<<<kernels::detail::grid_for(work), F::kThreads, F::kSmemBytes, stream>>>(q, k, v, out,
+                                                                                  lse, p);
+  return true;
+}
+
+template <typename T>
+bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
+             cudaStream_t stream) {
+  // 16-byte cp.async and stores: a contiguous tensor at an odd storage offset is not aligned.
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {
+    return false;
+  }
+  switch (p.head_dim) {
+    case 64: return launch<T, Tiling64>(q, k, v, out, lse, p, stream);
+    case 128: return launch<T, Tiling128>(q, k, v, out, lse, p, stream);
+    default: return false;
+  }
+}
+
+}  // namespace detail
+}  // namespace flash
+
+// The launchers the glue calls first, one overload per dtype, same arguments as
+// launch_attention_forward (contiguous (B, L, E) q, (B, S, E) k and v, out (B, L, E),
+// lse (B, L) float32). Returns true when it has taken the case (one launch on `stream`, or none
+// for empty work): the caller then checks the launch. Returns false, having launched nothing,
+// when the case is not covered; the caller then runs launch_attention_forward.
+// Throws std::runtime_error if the shared-memory opt-in fails, as the generic launchers do.
+inline bool launch_flash_forward(const float*, const float*, const float*, float*, float*,
+                                 const AttentionProblem&, cudaStream_t) {
+  return false;  // float32 keeps the generic kernel's fp32 arithmetic
+}
+inline bool launch_flash_forward(const __half* q, const __half* k, const __half* v, __half* out,
+                                 float* lse, const AttentionProblem& p, cudaStream_t stream) {
+  return flash::detail::forward(q, k, v, out, lse, p, stream);
+}
+inline bool launch_flash_forward(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                 const __nv_bfloat16* v, __nv_bfloat16* out, float* lse,
+                                 const AttentionProblem& p, cudaStream_t stream) {
+  return flash::detail::forward(q, k, v, out, lse, p, stream);
+}
+
+}  // namespace kernels
+}  // namespace fixed_attention
+
+#endif  // FIXED_FLASH_FORWARD_CUH_

@@ -1,0 +1,340 @@
+"""fixed/'s tensor-core forward (fixed/csrc/flash_forward.cuh: mma.sync, bf16 and fp16, head
+dims 64 and 128) on a GPU: output and logsumexp against the float64 reference, against the
+generic float32 kernel, ragged lengths, L != S, causal, non-contiguous and misaligned inputs,
+that the kernel is the one that ran, and compute-sanitizer. Every test needs CUDA and skips,
+saying so, without it. Inputs are fresh each run; FLASH_SEED=<seed> replays a failure."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from kata import REPO_ROOT
+from kata.reference import TOLERANCE, attention, relative_error
+
+try:
+    from pytest_check import check
+except ImportError:  # pytest-check may be missing on the GPU machine: stop at the first failure
+    check = contextlib.nullcontext()
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="needs a CUDA GPU (torch.cuda.is_available() is False)",
+    ),
+]
+
+DTYPES = [torch.bfloat16, torch.float16]
+HEAD_DIMS = [64, 128]  # the head dims the tensor-core kernel covers
+LSE_TOLERANCE = 1e-5  # on |lse - ref| / (1 + |ref|): fp32 softmax statistics
+# (leading dims, L, S): lengths around the 64- and 128-row tiles, L == S and L != S both ways,
+# batch * heads from 1 to 64, one length past 4096.
+CASES = [
+    ((), 1, 1),
+    ((3,), 15, 15),
+    ((2, 2), 63, 64),
+    ((1,), 64, 63),
+    ((5,), 65, 127),
+    ((2, 3), 129, 65),
+    ((4, 16), 127, 129),
+    ((1,), 1000, 1000),
+    ((2,), 1000, 15),
+    ((1,), 15, 1000),
+    ((1,), 4097, 4097),
+]
+FLASH_KERNEL = "flash_forward_kernel"
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@pytest.fixture(scope="module")
+def fixed():
+    """The fixed package, with its CUDA kernels built (nvcc, once) and registered."""
+    import fixed as package
+
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(
+        "fixed_attention::attention_forward", "CUDA"
+    ), "fixed/ was built without attention_cuda.cu: no CUDA kernel is registered"
+    return package
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(os.environ.get("FLASH_SEED", secrets.randbelow(2**31)))
+
+
+def replay(seed: int) -> str:
+    return f"seed {seed}; replay: FLASH_SEED={seed} python -m pytest {__file__}"
+
+
+def randn(shape, dtype, generator, device="cuda"):
+    """Standard normal values (never zeros), drawn in float32 on the CPU, then cast and moved."""
+    return torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
+
+
+def make_inputs(lead, len_q, len_kv, head_dim, dtype, generator):
+    return (
+        randn((*lead, len_q, head_dim), dtype, generator),
+        randn((*lead, len_kv, head_dim), dtype, generator),
+        randn((*lead, len_kv, head_dim), dtype, generator),
+    )
+
+
+def poison_allocator(*shapes_and_dtypes):
+    """NaN into blocks of the caching allocator that the next outputs of these sizes will reuse,
+    so that an element the kernel forgets to write shows as NaN instead of a lucky zero."""
+    blocks = [
+        torch.full(shape, math.nan, dtype=dtype, device="cuda")
+        for shape, dtype in shapes_and_dtypes
+    ]
+    del blocks
+
+
+def reference_logsumexp(query, key, scale, causal):
+    """float64 log-sum-exp of each row of scale·QKᵀ, masked as SDPA's is_causal."""
+    q, k = (t.detach().to("cpu", torch.float64) for t in (query, key))
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        visible = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~visible, -math.inf)
+    return torch.logsumexp(scores, dim=-1)
+
+
+def lse_error(lse, reference) -> float:
+    """Largest |lse − ref| / (1 + |ref|); inf for NaN."""
+    got = lse.detach().to("cpu", torch.float64)
+    diff = ((got - reference).abs() / (1 + reference.abs())).nan_to_num(nan=math.inf)
+    return diff.max().item() if diff.numel() else 0.0
+
+
+def forward(q, k, v, scale, causal):
+    """(out, lse) from the operator, after poisoning the blocks they will land in."""
+    poison_allocator((q.shape, q.dtype), (q.shape[:-1], torch.float32))
+    return torch.ops.fixed_attention.attention_forward(q, k, v, scale, causal)
+
+
+def check_against_reference(q, k, v, scale, causal, where):
+    out, lse = forward(q, k, v, scale, causal)
+    with check:
+        assert (out.shape, out.dtype, lse.shape, lse.dtype) == (
+            q.shape,
+            q.dtype,
+            q.shape[:-1],
+            torch.float32,
+        ), where
+    error = relative_error(out, attention(q, k, v, scale=scale, causal=causal))
+    with check:
+        assert error <= TOLERANCE[q.dtype], f"output relative error {error:.2e}: {where}"
+    error = lse_error(lse, reference_logsumexp(q, k, scale, causal))
+    with check:
+        assert error <= LSE_TOLERANCE, f"logsumexp error {error:.2e}: {where}"
+
+
+# ------------------------------------------------------------------------------- results
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_forward_matches_reference(fixed, seed, dtype, head_dim, causal):
+    generator = torch.Generator().manual_seed(seed)
+    scale = 1.0 / math.sqrt(head_dim)
+    for lead, len_q, len_kv in CASES:
+        q, k, v = make_inputs(lead, len_q, len_kv, head_dim, dtype, generator)
+        where = (
+            f"{dtype_id(dtype)} q{list(q.shape)} kv{list(k.shape)} causal={causal}; {replay(seed)}"
+        )
+        check_against_reference(q, k, v, scale, causal, where)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_forward_matches_the_generic_float32_kernel(fixed, seed, dtype, head_dim, causal):
+    """The same inputs upcast to float32 take the generic kernel (fp32 on CUDA cores): the
+    tensor-core result must agree with it within the half-precision tolerance, and the
+    logsumexp (fp32 statistics in both) much more tightly."""
+    generator = torch.Generator().manual_seed(seed)
+    scale = 0.7 / math.sqrt(head_dim)
+    for lead, len_q, len_kv in [((2, 8), 300, 300), ((3,), 200, 77), ((1,), 77, 520)]:
+        q, k, v = make_inputs(lead, len_q, len_kv, head_dim, dtype, generator)
+        where = (
+            f"{dtype_id(dtype)} q{list(q.shape)} kv{list(k.shape)} causal={causal}; {replay(seed)}"
+        )
+        out, lse = forward(q, k, v, scale, causal)
+        out32, lse32 = torch.ops.fixed_attention.attention_forward(
+            q.float(), k.float(), v.float(), scale, causal
+        )
+        error = relative_error(out, out32.double().cpu())
+        with check:
+            assert error <= TOLERANCE[dtype], f"vs float32 kernel: output {error:.2e}: {where}"
+        error = lse_error(lse, lse32.double().cpu())
+        with check:
+            assert error <= LSE_TOLERANCE, f"vs float32 kernel: logsumexp {error:.2e}: {where}"
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_non_contiguous_inputs_and_other_scales(fixed, seed, dtype, head_dim):
+    """Transposed, strided and expanded views (one contiguous copy in the glue), and scales
+    other than 1/√E, a negative one included (the row max is taken after scaling)."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, heads, len_q, len_kv = 2, 3, 145, 203
+    # (B, L, H, E) memory seen as (B, H, L, E); every other key; one value head broadcast.
+    q = randn((batch, len_q, heads, head_dim), dtype, generator).transpose(1, 2)
+    k = randn((batch, heads, 2 * len_kv, head_dim), dtype, generator)[:, :, ::2]
+    v = randn((batch, 1, len_kv, head_dim), dtype, generator).expand(-1, heads, -1, -1)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    for scale, causal in ((0.3, False), (0.05, True), (-0.2, False), (-0.2, True)):
+        where = f"{dtype_id(dtype)} e{head_dim} scale={scale} causal={causal}; {replay(seed)}"
+        check_against_reference(q, k, v, scale, causal, where)
+        out = fixed.fast_attention(q, k, v, scale=scale, causal=causal)
+        expected = fixed.fast_attention(
+            q.contiguous(), k.contiguous(), v.contiguous(), scale=scale, causal=causal
+        )
+        with check:
+            assert torch.equal(out, expected), f"views vs contiguous copies differ: {where}"
+
+
+def test_misaligned_inputs_fall_back_and_stay_correct(fixed, seed):
+    """A contiguous tensor at an odd storage offset is not 16-byte aligned: the tensor-core
+    launcher declines it (its copies are 16 bytes wide) and the generic kernel answers."""
+    generator = torch.Generator().manual_seed(seed)
+    for dtype in DTYPES:
+        for head_dim in HEAD_DIMS:
+            shapes = [(2, 70, head_dim), (2, 90, head_dim), (2, 90, head_dim)]
+            q, k, v = (
+                randn((math.prod(shape) + 1,), dtype, generator)[1:].view(shape) for shape in shapes
+            )
+            assert q.is_contiguous() and q.data_ptr() % 16 != 0
+            where = f"{dtype_id(dtype)} e{head_dim} misaligned; {replay(seed)}"
+            check_against_reference(q, k, v, 1.0 / math.sqrt(head_dim), True, where)
+
+
+def test_deterministic(fixed, seed):
+    """One thread writes each output element, no atomics: two runs agree bit for bit."""
+    generator = torch.Generator().manual_seed(seed)
+    for head_dim in HEAD_DIMS:
+        q, k, v = make_inputs((2, 4), 333, 517, head_dim, torch.bfloat16, generator)
+        first = torch.ops.fixed_attention.attention_forward(q, k, v, 0.1, True)
+        second = torch.ops.fixed_attention.attention_forward(q, k, v, 0.1, True)
+        for name, a, b in zip(["out", "lse"], first, second, strict=True):
+            assert torch.equal(a, b), f"e{head_dim} {name} differs between two runs: {replay(seed)}"
+
+
+# ---------------------------------------------------------------------- which kernel ran
+
+
+def kernels_launched(q, k, v, causal=False):
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        torch.ops.fixed_attention.attention_forward(q, k, v, 0.125, causal)
+        torch.cuda.synchronize()
+    return [e.name for e in profile.events() if "attention" in e.name and "kernel" in e.name]
+
+
+def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
+    """bf16/fp16 with head dim 64 or 128 take the flash kernel, one launch; float32, other head
+    dims and misaligned inputs take the generic one. Without this, a dispatch that always
+    falls back would pass every result test above."""
+    generator = torch.Generator().manual_seed(seed)
+    probe = make_inputs((2,), 100, 100, 64, torch.float32, generator)
+    if not kernels_launched(*probe):
+        pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable?)")
+    for dtype in DTYPES:
+        for head_dim in HEAD_DIMS:
+            for causal in (False, True):
+                names = kernels_launched(
+                    *make_inputs((2, 3), 100, 150, head_dim, dtype, generator), causal=causal
+                )
+                with check:
+                    assert len(names) == 1 and FLASH_KERNEL in names[0], (
+                        f"{dtype_id(dtype)} e{head_dim} causal={causal}: launched {names}"
+                    )
+    declined = {
+        "float32 e64": make_inputs((2,), 100, 100, 64, torch.float32, generator),
+        "bfloat16 e96": make_inputs((2,), 100, 100, 96, torch.bfloat16, generator),
+        "float16 e64 misaligned": tuple(
+            randn((2 * 100 * 64 + 1,), torch.float16, generator)[1:].view(2, 100, 64)
+            for _ in range(3)
+        ),
+    }
+    for label, inputs in declined.items():
+        names = kernels_launched(*inputs)
+        with check:
+            assert len(names) == 1 and FLASH_KERNEL not in names[0], f"{label}: launched {names}"
+
+
+# --------------------------------------------------------------------------- compute-sanitizer
+
+SANITIZER_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    import fixed
+
+    generator = torch.Generator().manual_seed(0)
+    # Several key blocks (both shared-memory buffers in use), tails in L and S, causal and not.
+    for dtype, head_dim, len_q, len_kv, causal in (
+        (torch.bfloat16, 128, 200, 333, True),
+        (torch.float16, 128, 131, 70, False),
+        (torch.bfloat16, 64, 130, 300, False),
+        (torch.float16, 64, 300, 129, True),
+    ):
+        q, k, v = (
+            torch.randn(2, n, head_dim, generator=generator).to("cuda", dtype)
+            for n in (len_q, len_kv, len_kv)
+        )
+        fixed.fast_attention(q, k, v, causal=causal)
+    torch.cuda.synchronize()
+    print("sanitizer script done")
+    """
+)
+
+
+def _compute_sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found is None:
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        candidate = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "compute-sanitizer")
+        found = candidate if os.access(candidate, os.X_OK) else None
+    return found
+
+
+@pytest.mark.parametrize(
+    ("tool", "clean"),
+    [
+        ("memcheck", "ERROR SUMMARY: 0 errors"),
+        ("racecheck", "RACECHECK SUMMARY: 0 hazards displayed"),
+        ("synccheck", "ERROR SUMMARY: 0 errors"),
+    ],
+)
+def test_compute_sanitizer_on_the_tensor_core_kernel(fixed, tmp_path, tool, clean):
+    sanitizer = _compute_sanitizer()
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer is not on PATH (nor in CUDA_HOME/bin)")
+    script = tmp_path / "sanitize_flash.py"
+    script.write_text(SANITIZER_SCRIPT)
+    # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees an
+    # access past a tensor's end instead of into a neighbour in the same cached block.
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    command = [sanitizer, f"--tool={tool}", sys.executable, str(script)]
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False
+    )
+    output = result.stdout + result.stderr
+    assert "sanitizer script done" in output, f"the script did not finish:\n{output[-4000:]}"
+    assert clean in output, f"{tool} found problems:\n{output[-4000:]}"
+    print(next(line for line in output.splitlines() if "SUMMARY" in line))  # for the log
