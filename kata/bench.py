@@ -536,6 +536,10 @@ class Bench:
                 return
         del result
         if first_ms > s.max_call_s * 1e3:
+            # A first call can carry one-time work (cuDNN builds its plans, modules load
+            # lazily): judge a second one before giving up on the row.
+            _, first_ms = timed_call(lambda: call(1 % n_sets), s.cuda)
+        if first_ms > s.max_call_s * 1e3:
             reason = (
                 f"skipped: one call takes {first_ms / 1e3:.2f} s, over --max-call "
                 f"{s.max_call_s:g} s"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import warnings
 
 import pytest
@@ -232,3 +233,22 @@ def test_relative_error_of_a_non_finite_result_is_infinite():
     reference = torch.ones(4)
     assert math.isinf(bench.relative_error(torch.tensor([1.0, math.nan, 1.0, 1.0]), reference))
     assert bench.relative_error(reference * 1.01, reference) == pytest.approx(0.01)
+
+
+def test_a_slow_first_call_alone_does_not_skip_the_row(cpu_bench):
+    """One-time work in the first call (cuDNN plans, lazy loading) is not the row's speed."""
+    settings, impls = cpu_bench
+    runner = bench.Bench(settings, log=lambda text: None)
+    runner.s = bench.Settings(**{**vars(settings), "max_call_s": 0.2})
+    row = bench.new_row("llm", impls.sdpa, (1, 1, 8, 16), torch.float32, False, "fwd")
+    sets = runner.input_sets([(1, 1, 8, 16)] * 3, torch.float32)
+    calls = []
+
+    def call(i):
+        calls.append(i)
+        if len(calls) == 1:
+            time.sleep(0.3)  # over --max-call, once
+        return bench.sdpa(*sets[i % len(sets)])
+
+    runner.measure(row, call, len(sets), None, "key")
+    assert row["status"] == "ok" and row["median_ms"] is not None, row  # timed, not skipped
