@@ -161,6 +161,20 @@ def _poisoned_context() -> str | None:
     return None
 
 
+def valid_call_works(ctx, shape=(2, 64, 64)) -> str | None:
+    """The control of every input probe: None if a valid float32 call gives the reference result,
+    else what went wrong. Loud answers count only while this holds: an implementation that
+    raises on everything would otherwise pass every input probe."""
+    name = f"a valid float32 {tuple(shape)} call"
+    ctx.report_case(name)
+    try:
+        inputs = ctx.inputs(*shape)
+        result = ctx.fast_attention(*inputs)
+    except Exception as error:
+        return f"{name} raised {_first_line(error)}: refusing valid input is not loud, it is wrong"
+    return _asynchronous_cuda_error(name) or _check_result(name, result, _expected(inputs), inputs)
+
+
 def _expected(inputs):
     query, key, value = inputs
     if query.device.type == "meta":
@@ -168,10 +182,13 @@ def _expected(inputs):
     return reference.attention(query, key, value)
 
 
-def _verdict(outcomes) -> Verdict:
-    """Many (failure, success note) pairs into one verdict."""
+def _verdict(outcomes, control: str | None = None) -> Verdict:
+    """Many (failure, success note) pairs into one verdict. `control`: the failure of
+    valid_call_works, which decides only when the verdict would rest on a loud answer."""
     failures = [failure for failure, _ in outcomes if failure]
     count = f" [{len(failures)}/{len(outcomes)} cases]" if failures else ""
+    if control and not failures and any("raised" in note for _, note in outcomes):
+        failures.append(control)
     if poisoned := _poisoned_context():
         failures.append(poisoned)
     if failures:
@@ -199,7 +216,7 @@ def probe_dtype(ctx: ProbeContext) -> Verdict:
             continue  # float64 on a GPU may be refused loudly or computed; float16 tells enough
         inputs = ctx.inputs(2, 64, 64, dtype=dtype)
         outcomes.append(correct_or_loud(ctx, f"{_dtype_name(dtype)} inputs", inputs, DTYPE_WORDS))
-    return _verdict(outcomes)
+    return _verdict(outcomes, control=valid_call_works(ctx))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -220,7 +237,7 @@ def probe_shape(ctx: ProbeContext) -> Verdict:
         correct_or_loud(ctx, name, inputs, SHAPE_WORDS, defined=defined)
         for name, inputs, defined in cases
     ]
-    return _verdict(outcomes)
+    return _verdict(outcomes, control=valid_call_works(ctx))
 
 
 def probe_contiguity(ctx: ProbeContext) -> Verdict:
@@ -233,7 +250,8 @@ def probe_contiguity(ctx: ProbeContext) -> Verdict:
         ("sliced key", (q, wide[..., :64], v)),
         ("expanded value", (q, k, shared.expand(2, 64, 64))),
     ]
-    return _verdict([correct_or_loud(ctx, n, i, CONTIGUITY_WORDS) for n, i in cases])
+    outcomes = [correct_or_loud(ctx, n, i, CONTIGUITY_WORDS) for n, i in cases]
+    return _verdict(outcomes, control=valid_call_works(ctx))
 
 
 def probe_device(ctx: ProbeContext) -> Verdict:
@@ -257,7 +275,7 @@ def probe_device(ctx: ProbeContext) -> Verdict:
     outcomes.append(
         correct_or_loud(ctx, "cpu query, meta key/value", (q, k, v), DEVICE_WORDS, defined=False)
     )
-    return _verdict(outcomes)
+    return _verdict(outcomes, control=valid_call_works(ctx))
 
 
 def probe_happy_path(ctx: ProbeContext) -> Verdict:
@@ -275,7 +293,8 @@ def probe_happy_path(ctx: ProbeContext) -> Verdict:
 
 def probe_error_code(ctx: ProbeContext) -> Verdict:
     inputs = ctx.inputs(1, 4097, 64)
-    return _verdict([correct_or_loud(ctx, "seq_len 4097", inputs, LENGTH_WORDS)])
+    outcome = correct_or_loud(ctx, "seq_len 4097", inputs, LENGTH_WORDS)
+    return _verdict([outcome], control=valid_call_works(ctx))
 
 
 # ---------------------------------------------------------------------- capability probes

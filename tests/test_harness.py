@@ -124,6 +124,20 @@ def test_syntax_broken_candidate_is_present_with_the_error(candidate):
         assert "SyntaxError" in evidence
 
 
+def test_refusing_everything_is_not_loud(candidate):
+    """Loud counts only while valid calls still work: a wrapper that raises on every call, with
+    a message naming every problem, must not pass the input probes."""
+    impl = candidate(
+        "def fast_attention(q, k, v):\n"
+        "    raise ValueError('bad dtype, shape, head dim, device, contiguous, seq length')\n"
+    )
+    input_probes = ["dtype", "shape", "contiguity", "device", "error-code"]
+    review = run_review(impl, only=input_probes)
+    for flaw_id, (status, evidence) in statuses(review).items():
+        assert status == "present", (flaw_id, evidence)
+        assert "a valid float32 (2, 64, 64) call raised ValueError" in evidence, evidence
+
+
 def test_review_grades_a_candidates_edit(candidate):
     """A dtype check added to the shipped wrapper turns dtype to fixed, and only dtype."""
     shipped_source = (FLAWED_DIR / "attention_wrapper.py").read_text()
