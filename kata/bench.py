@@ -463,6 +463,10 @@ class Bench:
             return f"skipped: the run's --time-limit of {self.s.time_limit_s:g} s was spent"
         return None
 
+    def cannot_run(self, impl) -> str | None:
+        """Why a row of `impl` is not run: the implementation is missing, or time is up."""
+        return f"skipped: {impl.missing}" if impl.missing else self.over_time()
+
     def randn(self, shape, dtype, requires_grad=False):
         # Drawn in float32 and rounded: standard-normal values, never zeros.
         tensor = torch.randn(shape, generator=self.generator, device=self.s.device)
@@ -588,10 +592,7 @@ class Bench:
             row = new_row("overhead", impl, shape, dtype, False, FWD)
             row["calls_per_batch"] = s.overhead_calls
             self.rows.append(row)
-            if impl.missing:
-                row["status"] = f"skipped: {impl.missing}"
-                continue
-            if reason := self.over_time():
+            if reason := self.cannot_run(impl):
                 row["status"] = reason
                 continue
 
@@ -648,10 +649,7 @@ class Bench:
                 return relative_error(result, ref), TOLERANCE[dtype]
 
             for impl, row in zip(chosen, rows, strict=True):
-                if impl.missing:
-                    row["status"] = f"skipped: {impl.missing}"
-                    continue
-                if reason := self.over_time():
+                if reason := self.cannot_run(impl):
                     row["status"] = reason
                     continue
 
@@ -729,10 +727,7 @@ class Bench:
             backward = pass_ == FWD_BWD
             flops = attention_flops(batch, heads, seq, seq, dim, causal=causal, backward=backward)
             for impl, row in zip(chosen, rows, strict=True):
-                if impl.missing:
-                    row["status"] = f"skipped: {impl.missing}"
-                    continue
-                if reason := self.over_time():
+                if reason := self.cannot_run(impl):
                     row["status"] = reason
                     continue
                 call = _llm_call(impl, sets, causal, backward)

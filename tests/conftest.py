@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kata import FLAWED_DIR, builders
+from kata import FLAWED_DIR, builders, shipped
 from kata.catalog import CATALOG, Need
 from kata.review import Review, resolve_implementation, run_review
 
@@ -26,6 +26,12 @@ def flaw_params():
         )
         for flaw in CATALOG
     ]
+
+
+def skip_unless_flawed_is_shipped() -> None:
+    """The demonstrations prove each probe can fail on the shipped code only."""
+    if changed := shipped.changed_files():
+        pytest.skip(f"flawed/ has been edited; make reset to restore ({', '.join(changed)})")
 
 
 def result_of(review: Review, flaw_id: str):

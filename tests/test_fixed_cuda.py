@@ -9,16 +9,13 @@ import contextlib
 import math
 import os
 import secrets
-import shutil
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from kata import REPO_ROOT
 from kata.reference import TOLERANCE, attention, attention_with_grads, relative_error
+from tests.sanitizer import find_compute_sanitizer, run_clean
 
 try:
     from pytest_check import check
@@ -553,16 +550,6 @@ SANITIZER_SCRIPT = textwrap.dedent(
 )
 
 
-def _compute_sanitizer() -> str | None:
-    found = shutil.which("compute-sanitizer")
-    if found is None:
-        from torch.utils.cpp_extension import CUDA_HOME
-
-        candidate = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "compute-sanitizer")
-        found = candidate if os.access(candidate, os.X_OK) else None
-    return found
-
-
 @pytest.mark.parametrize(
     ("tool", "clean"),
     [
@@ -571,19 +558,7 @@ def _compute_sanitizer() -> str | None:
     ],
 )
 def test_compute_sanitizer(fixed, tmp_path, tool, clean):
-    sanitizer = _compute_sanitizer()
+    sanitizer = find_compute_sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer is not on PATH (nor in CUDA_HOME/bin)")
-    script = tmp_path / "sanitize_fixed.py"
-    script.write_text(SANITIZER_SCRIPT)
-    # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees an
-    # access past a tensor's end instead of into a neighbour in the same cached block.
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-    command = [sanitizer, f"--tool={tool}", sys.executable, str(script)]
-    result = subprocess.run(
-        command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False
-    )
-    output = result.stdout + result.stderr
-    assert "sanitizer script done" in output, f"the script did not finish:\n{output[-4000:]}"
-    assert clean in output, f"{tool} found problems:\n{output[-4000:]}"
-    print(next(line for line in output.splitlines() if "SUMMARY" in line))  # for the log
+    print(run_clean(sanitizer, tool, SANITIZER_SCRIPT, tmp_path, clean))  # for the log

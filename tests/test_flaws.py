@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kata import shipped
-from tests.conftest import flaw_params, result_of
+from tests.conftest import flaw_params, result_of, skip_unless_flawed_is_shipped
 
 
 @pytest.mark.parametrize("flaw", flaw_params())
@@ -20,9 +19,7 @@ def test_fixed_passes(flaw, fixed_review):
 
 @pytest.mark.parametrize("flaw", flaw_params())
 def test_shipped_flawed_fails(flaw, request):
-    changed = shipped.changed_files()
-    if changed:
-        pytest.skip(f"flawed/ has been edited; make reset to restore ({', '.join(changed)})")
+    skip_unless_flawed_is_shipped()
     review = request.getfixturevalue("flawed_review")
     result = result_of(review, flaw.id)
     assert result.status == "present", (

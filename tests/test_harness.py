@@ -307,3 +307,24 @@ def test_rubric_has_one_section_per_flaw_with_the_catalogs_points():
     titles = {flaw_id: title for flaw_id, title, _ in sections}
     for flaw in CATALOG:
         assert titles[flaw.id] == flaw.title, flaw.id
+
+
+def test_sanitizer_runner_passes_clean_output_and_fails_otherwise(tmp_path, monkeypatch):
+    """The compute-sanitizer runner of the GPU tests, driven by a stand-in for the tool."""
+    from tests.sanitizer import run_clean
+
+    stand_in = tmp_path / "fake-sanitizer"
+    stand_in.write_text(
+        '#!/bin/sh\ntool="$1"; shift\n"$@"\necho "========= ERROR SUMMARY: $ERRORS errors"\n'
+    )
+    stand_in.chmod(0o755)
+    script = "print('sanitizer script done')\n"
+    clean = "ERROR SUMMARY: 0 errors"
+    monkeypatch.setenv("ERRORS", "0")
+    line = run_clean(str(stand_in), "memcheck", script, tmp_path, clean)
+    assert line == "========= ERROR SUMMARY: 0 errors"
+    monkeypatch.setenv("ERRORS", "3")
+    with pytest.raises(AssertionError, match="memcheck found problems"):
+        run_clean(str(stand_in), "memcheck", script, tmp_path, clean)
+    with pytest.raises(AssertionError, match="did not finish"):
+        run_clean(str(stand_in), "memcheck", "pass\n", tmp_path, clean)

@@ -14,7 +14,7 @@ from kata import FLAWED_DIR, REPO_ROOT, round2, shipped
 from kata.catalog import CATALOG
 from kata.probes import PROBES
 from kata.review import Review, resolve_implementation, run_review
-from tests.conftest import NEED_MARKS, result_of
+from tests.conftest import NEED_MARKS, result_of, skip_unless_flawed_is_shipped
 
 
 def round2_params():
@@ -49,9 +49,7 @@ def fixed_round2_review() -> Review:
 
 @pytest.mark.parametrize("flaw", round2_params())
 def test_shipped_proposed_fix_fails(flaw, request):
-    changed = shipped.changed_files()
-    if changed:
-        pytest.skip(f"flawed/ has been edited; make reset to restore ({', '.join(changed)})")
+    skip_unless_flawed_is_shipped()
     review = request.getfixturevalue("proposed_fix_review")
     result = result_of(review, flaw.id)
     if (
