@@ -36,15 +36,25 @@ def attention_with_grads(query, key, value, grad_output, *, scale=None, causal=F
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def _attention64(q, k, v, scale, causal):
+def logsumexp(query, key, *, scale=None, causal=False):
+    """float64 log-sum-exp of each row of scale·QKᵀ, masked as SDPA's is_causal: the logsumexp
+    rows the forward op returns (-inf for a row with no keys)."""
+    q, k = (t.detach().to("cpu", torch.float64) for t in (query, key))
+    return _scores64(q, k, scale, causal).logsumexp(dim=-1)
+
+
+def _scores64(q, k, scale, causal):
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.transpose(-2, -1)) * scale
     if causal:
-        len_q, len_k = scores.shape[-2], scores.shape[-1]
-        visible = torch.ones(len_q, len_k, dtype=torch.bool).tril()
+        visible = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
         scores = scores.masked_fill(~visible, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+    return scores
+
+
+def _attention64(q, k, v, scale, causal):
+    return torch.softmax(_scores64(q, k, scale, causal), dim=-1) @ v
 
 
 def relative_error(result, reference) -> float:

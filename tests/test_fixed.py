@@ -19,6 +19,7 @@ from pytest_check import check
 
 import fixed
 from fixed import _build
+from kata import reference
 from kata.reference import TOLERANCE, attention, attention_with_grads, random_inputs, relative_error
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,15 +52,6 @@ def rng(request):
     return Rng(seed)
 
 
-def reference_logsumexp(query, key, scale, causal):
-    q, k = query.double(), key.double()
-    scores = (q @ k.transpose(-2, -1)) * scale
-    if causal:
-        visible = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
-        scores = scores.masked_fill(~visible, -math.inf)
-    return scores.logsumexp(-1)
-
-
 # (leading dims, L, S, E): no/one/two leading dims, L < S, L > S, L == S, lengths 1, 7, 33,
 # every head dim class from 16 to 256.
 SHAPES = (
@@ -84,7 +76,7 @@ def test_forward_matches_reference(rng, dtype):
                 assert error <= TOLERANCE[dtype], f"{case}: relative error {error:.2e}"
             with check:
                 assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous(), case
-            expected_lse = reference_logsumexp(q, k, 1 / math.sqrt(head_dim), causal)
+            expected_lse = reference.logsumexp(q, k, scale=1 / math.sqrt(head_dim), causal=causal)
             lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
             with check:
                 assert lse.dtype == lse_dtype and lse.shape == q.shape[:-1], case

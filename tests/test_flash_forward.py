@@ -15,21 +15,25 @@ import textwrap
 import pytest
 import torch
 
+from kata import reference
 from kata.reference import TOLERANCE, attention, relative_error
-from tests.sanitizer import find_compute_sanitizer, run_clean
+from tests.cuda_support import (
+    NEEDS_CUDA,
+    dtype_id,
+    find_compute_sanitizer,
+    fixed_with_cuda_kernels,
+    lse_error,
+    poison_allocator,
+    randn,
+    run_clean,
+)
 
 try:
     from pytest_check import check
 except ImportError:  # pytest-check may be missing on the GPU machine: stop at the first failure
     check = contextlib.nullcontext()
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU (torch.cuda.is_available() is False)",
-    ),
-]
+pytestmark = NEEDS_CUDA
 
 DTYPES = [torch.bfloat16, torch.float16]
 HEAD_DIMS = [64, 128]  # the head dims the tensor-core kernel covers
@@ -52,19 +56,9 @@ CASES = [
 FLASH_KERNEL = "flash_forward_kernel"
 
 
-def dtype_id(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 @pytest.fixture(scope="module")
 def fixed():
-    """The fixed package, with its CUDA kernels built (nvcc, once) and registered."""
-    import fixed as package
-
-    assert torch._C._dispatch_has_kernel_for_dispatch_key(
-        "fixed_attention::attention_forward", "CUDA"
-    ), "fixed/ was built without attention_cuda.cu: no CUDA kernel is registered"
-    return package
+    return fixed_with_cuda_kernels()
 
 
 @pytest.fixture
@@ -76,44 +70,12 @@ def replay(seed: int) -> str:
     return f"seed {seed}; replay: FLASH_SEED={seed} python -m pytest {__file__}"
 
 
-def randn(shape, dtype, generator, device="cuda"):
-    """Standard normal values (never zeros), drawn in float32 on the CPU, then cast and moved."""
-    return torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
-
-
 def make_inputs(lead, len_q, len_kv, head_dim, dtype, generator):
     return (
         randn((*lead, len_q, head_dim), dtype, generator),
         randn((*lead, len_kv, head_dim), dtype, generator),
         randn((*lead, len_kv, head_dim), dtype, generator),
     )
-
-
-def poison_allocator(*shapes_and_dtypes):
-    """NaN into blocks of the caching allocator that the next outputs of these sizes will reuse,
-    so that an element the kernel forgets to write shows as NaN instead of a lucky zero."""
-    blocks = [
-        torch.full(shape, math.nan, dtype=dtype, device="cuda")
-        for shape, dtype in shapes_and_dtypes
-    ]
-    del blocks
-
-
-def reference_logsumexp(query, key, scale, causal):
-    """float64 log-sum-exp of each row of scale·QKᵀ, masked as SDPA's is_causal."""
-    q, k = (t.detach().to("cpu", torch.float64) for t in (query, key))
-    scores = (q @ k.transpose(-2, -1)) * scale
-    if causal:
-        visible = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
-        scores = scores.masked_fill(~visible, -math.inf)
-    return torch.logsumexp(scores, dim=-1)
-
-
-def lse_error(lse, reference) -> float:
-    """Largest |lse − ref| / (1 + |ref|); inf for NaN."""
-    got = lse.detach().to("cpu", torch.float64)
-    diff = ((got - reference).abs() / (1 + reference.abs())).nan_to_num(nan=math.inf)
-    return diff.max().item() if diff.numel() else 0.0
 
 
 def forward(q, k, v, scale, causal):
@@ -134,7 +96,7 @@ def check_against_reference(q, k, v, scale, causal, where):
     error = relative_error(out, attention(q, k, v, scale=scale, causal=causal))
     with check:
         assert error <= TOLERANCE[q.dtype], f"output relative error {error:.2e}: {where}"
-    error = lse_error(lse, reference_logsumexp(q, k, scale, causal))
+    error = lse_error(lse, reference.logsumexp(q, k, scale=scale, causal=causal))
     with check:
         assert error <= LSE_TOLERANCE, f"logsumexp error {error:.2e}: {where}"
 

@@ -311,7 +311,7 @@ def test_rubric_has_one_section_per_flaw_with_the_catalogs_points():
 
 def test_sanitizer_runner_passes_clean_output_and_fails_otherwise(tmp_path, monkeypatch):
     """The compute-sanitizer runner of the GPU tests, driven by a stand-in for the tool."""
-    from tests.sanitizer import run_clean
+    from tests.cuda_support import run_clean
 
     stand_in = tmp_path / "fake-sanitizer"
     stand_in.write_text(

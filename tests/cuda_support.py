@@ -1,0 +1,92 @@
+"""What the GPU test files share: the fixed/ package with its CUDA kernels, input helpers, and
+compute-sanitizer (find it, run a script under one of its tools)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kata import REPO_ROOT
+
+# Every test of a GPU test file: marked cuda, skipped with the reason where there is no GPU.
+NEEDS_CUDA = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="needs a CUDA GPU (torch.cuda.is_available() is False)",
+    ),
+]
+
+
+def fixed_with_cuda_kernels():
+    """The fixed package, with its CUDA kernels built (nvcc, once) and registered."""
+    import fixed
+
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(
+        "fixed_attention::attention_forward", "CUDA"
+    ), "fixed/ was built without attention_cuda.cu: no CUDA kernel is registered"
+    return fixed
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def poison_allocator(*shapes_and_dtypes):
+    """NaN into blocks of the caching allocator that the next outputs of these sizes will reuse,
+    so that an element a kernel forgets to write shows as NaN instead of a lucky zero."""
+    blocks = [
+        torch.full(shape, math.nan, dtype=dtype, device="cuda")
+        for shape, dtype in shapes_and_dtypes
+    ]
+    del blocks
+
+
+def lse_error(lse, reference) -> float:
+    """Largest |lse − ref| / (1 + |ref|); inf where one is -inf and the other is not, or NaN."""
+    got = lse.detach().to("cpu", torch.float64)
+    both_neg_inf = (got == -math.inf) & (reference == -math.inf)
+    diff = ((got - reference).abs() / (1 + reference.abs())).masked_fill(both_neg_inf, 0)
+    diff = diff.nan_to_num(nan=math.inf)
+    return diff.max().item() if diff.numel() else 0.0
+
+
+def randn(shape, dtype, generator, device="cuda"):
+    """Standard normal values (never zeros), drawn in float32 on the CPU, then cast and moved."""
+    return torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
+
+
+def find_compute_sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found is None:
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        candidate = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "compute-sanitizer")
+        found = candidate if os.access(candidate, os.X_OK) else None
+    return found
+
+
+def run_clean(sanitizer: str, tool: str, script: str, workdir: Path, clean: str) -> str:
+    """Run `script` (Python source that prints "sanitizer script done" at its end) under
+    `sanitizer --tool=tool`; assert it finished and the output says `clean`. Returns the
+    tool's summary line."""
+    path = workdir / f"sanitize_{tool}.py"
+    path.write_text(script)
+    # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees an
+    # access past a tensor's end instead of into a neighbour in the same cached block.
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    command = [sanitizer, f"--tool={tool}", sys.executable, str(path)]
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=workdir, timeout=600, check=False
+    )
+    output = result.stdout + result.stderr
+    assert "sanitizer script done" in output, f"the script did not finish:\n{output[-4000:]}"
+    assert clean in output, f"{tool} found problems:\n{output[-4000:]}"
+    return next(line for line in output.splitlines() if "SUMMARY" in line)
