@@ -164,8 +164,18 @@ def build_fixed() -> None:
 PURE_CUDA_SOURCES = (
     REPO_ROOT / "flawed" / CUDA_SOURCE,
     FIXED_DIR / "csrc" / "attention_kernels.cuh",
+    FIXED_DIR / "csrc" / "flash_common.cuh",
     FIXED_DIR / "csrc" / "flash_forward.cuh",
+    FIXED_DIR / "csrc" / "flash_backward.cuh",
 )
+
+
+def _torch_nvcc_flags() -> list[str]:
+    """The flags torch.utils.cpp_extension gives nvcc (no implicit half/bfloat16 conversions or
+    operators): the check must reject what the real build would."""
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
+
+    return list(COMMON_NVCC_FLAGS)
 
 
 def compile_check_cuda(sources=PURE_CUDA_SOURCES, arch: str = "sm_90") -> None:
@@ -175,5 +185,6 @@ def compile_check_cuda(sources=PURE_CUDA_SOURCES, arch: str = "sm_90") -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for source in sources:
             output = Path(scratch) / (source.stem + ".o")
-            command = [nvcc, f"-arch={arch}", "-x", "cu", "-c", str(source), "-o", str(output)]
+            command = [nvcc, f"-arch={arch}", *_torch_nvcc_flags(), "-x", "cu", "-c", str(source)]
+            command += ["-o", str(output)]
             _run_compiler(command, purpose)

@@ -2,11 +2,13 @@
 // sequence, the lessons of the unsafe wrapper in order:
 //   check the inputs -> guard the inputs' device -> take the current stream -> allocate outputs
 //   on the device -> return early without a launch when empty -> launch -> check the launch.
-// The kernels and their launchers are in attention_kernels.cuh and, for the tensor-core forward,
-// flash_forward.cuh (no torch includes there, so nvcc can compile-check them without a GPU).
+// The kernels and their launchers are in attention_kernels.cuh (generic) and, for half and
+// bfloat16 on tensor cores, flash_forward.cuh and flash_backward.cuh (no torch includes there,
+// so nvcc can compile-check them without a GPU).
 #include <limits>
 #include <tuple>
 
+#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -18,6 +20,7 @@
 
 #include "attention_kernels.cuh"
 #include "checks.h"
+#include "flash_backward.cuh"
 #include "flash_forward.cuh"
 
 namespace fixed_attention {
@@ -134,10 +137,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   at::Tensor grad_query = at::empty(query.sizes(), query.options());  // (..., L, E)
   at::Tensor grad_key = at::empty(key.sizes(), key.options());        // (..., S, E)
   at::Tensor grad_value = at::empty(value.sizes(), value.options());  // (..., S, E)
-  // D_i = rowsum(dO_i * O_i), written by the first kernel, read by the other two.
-  at::Tensor delta =
-      at::empty({shape.batch, shape.len_q}, query.options().dtype(at::kFloat));  // (B, L)
-
   // One contiguous copy of each view, as in the forward.
   const at::Tensor dout = grad_output.contiguous();  // (B, L, E)
   const at::Tensor q = query.contiguous();           // (B, L, E)
@@ -148,6 +147,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const kernels::AttentionProblem problem = make_problem(shape, scale, causal);
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_backward_cuda", [&] {
+    // The tensor-core backward where it covers the case (half/bfloat16, head dim 64 or 128);
+    // its float32 workspace comes from the caching allocator, on this device and stream. Its dQ
+    // sums by float atomics, in no fixed order: under torch.use_deterministic_algorithms(True)
+    // the generic kernels (one thread per element) answer instead.
+    const int64_t workspace_rows =
+        at::globalContext().deterministicAlgorithms()
+            ? 0
+            : kernels::flash_backward_rows(cuda_ptr<scalar_t>(q), problem);
+    if (workspace_rows > 0) {
+      const at::TensorOptions f32 = query.options().dtype(at::kFloat);
+      at::Tensor row_stats = at::empty({2, shape.batch, workspace_rows}, f32);  // lse, delta
+      at::Tensor dq_accum = at::empty({shape.batch, workspace_rows, shape.head_dim}, f32);
+      float* const lse_log2 = row_stats.mutable_data_ptr<float>();
+      const bool launched = kernels::launch_flash_backward(
+          cuda_ptr<scalar_t>(dout), cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
+          cuda_ptr<scalar_t>(v), cuda_ptr<scalar_t>(out), lse.const_data_ptr<float>(), lse_log2,
+          lse_log2 + shape.batch * workspace_rows, dq_accum.mutable_data_ptr<float>(),
+          cuda_mutable_ptr<scalar_t>(grad_query), cuda_mutable_ptr<scalar_t>(grad_key),
+          cuda_mutable_ptr<scalar_t>(grad_value), problem, stream);
+      if (launched) {
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        return;
+      }
+    }
+    // D_i = rowsum(dO_i * O_i), written by the first kernel, read by the other two.
+    at::Tensor delta =
+        at::empty({shape.batch, shape.len_q}, query.options().dtype(at::kFloat));  // (B, L)
     kernels::launch_attention_backward_delta(cuda_ptr<scalar_t>(dout), cuda_ptr<scalar_t>(out),
                                              delta.mutable_data_ptr<float>(), problem, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -1,0 +1,625 @@
+// FlashAttention-2-style backward for half and bfloat16 on tensor cores (mma.sync m16n8k16,
+// ldmatrix, cp.async: sm_80 and later), head dims 64 and 128. The launcher at the bottom
+// returns false, launching nothing, for every case it does not cover (float32, other head dims,
+// tensors not 16-byte aligned, no sm_80+ image for the device); the caller then runs the
+// generic kernels of attention_kernels.cuh, which compute the same gradients.
+//
+// No torch includes: CI compile-checks it without a GPU (kata/builders.py). The fragment
+// layouts of mma.m16n8k16 and ldmatrix are spelled out in flash_forward.cuh's header comment.
+//
+// The gradients, per batch item, for visible pairs (query i, key j) (all, or j <= i when causal):
+//   P_ij  = exp(scale q_i.k_j - lse_i)            (lse from the forward: no softmax statistics)
+//   dP_ij = dO_i . v_j        delta_i = dO_i . O_i
+//   dS_ij = P_ij (dP_ij - delta_i)
+//   dV_j = sum_i P_ij dO_i    dK_j = scale sum_i dS_ij q_i    dQ_i = scale sum_j dS_ij k_j
+//
+// ------------------------------------------------------------------------------- kernels
+// 1. flash_backward_prologue_kernel: delta_i, lse_i log2(e) (the main kernel works in the log2
+//    domain), both padded to a whole number of query blocks (pad rows: delta 0, lse +inf, so
+//    their P is exactly 0), and zeros the float32 dQ accumulator. Memory-bound: reads dO and O.
+// 2. flash_backward_kernel: one CTA per (batch item, block of kBlockN = 128 keys), looping over
+//    the query blocks of kBlockM = 64 rows that can see those keys. dK and dV of its keys stay
+//    in registers for the whole loop; dQ gets each CTA's contribution by float32 atomics.
+// 3. flash_backward_dq_kernel: dQ = scale * accumulator, rounded to the input dtype.
+//
+// ---------------------------------------------------------------------- the main kernel
+// 8 warps; warp w owns keys [16 w, 16 w + 16) of the CTA's block, so that it computes the
+// TRANSPOSED scores, keys as the M dimension:
+//   S^T  = K Q^T     dP^T = V dO^T        (16 keys x 64 queries per warp: 8 n-tiles each)
+//   P^T  = exp2(S^T scale log2(e) - lse log2(e))   dS^T = P^T (dP^T - delta)   in registers
+//   dV  += P^T dO    dK  += dS^T Q        (k = the 64 queries: 4 k-steps; N = the head dim)
+// The C fragments of P^T and dS^T are, packed in pairs, the A fragments of the dV and dK
+// products (the identity the forward uses for P V), so P and dS never touch shared memory for
+// dV and dK. dQ = dS K needs dS with queries as rows, spread over all 8 warps: each warp stores
+// its dS^T (bf16/fp16) to a shared tile, a barrier, then warp w computes dQ rows
+// [16 (w % 4), + 16) x head-dim columns [(w / 4) D / 2, + D / 2) over all 128 keys, reading
+// dS by ldmatrix.trans, and adds its float32 fragments to the global accumulator with
+// red.global.add (vector v2 on sm_90). Per query block: two barriers.
+// Operands from shared memory:
+//   K, V as A (own 16 rows; plain ldmatrix)    Q, dO as B of S^T, dP^T (plain ldmatrix)
+//   Q, dO as B of dK, dV (.trans)              dS^T as A of dQ (.trans)   K as B of dQ (.trans)
+// Causal: a key block's loop starts at the query block holding its first key (earlier rows see
+// none of its keys); only query blocks that reach above the diagonal (m0 < n0 + 127) are masked,
+// element by element. Key blocks wholly past the last query row run no loop and write zeros.
+// CTAs take key blocks lowest first: under causal masking those have the most query blocks.
+// Tails: rows of Q, dO past L and of K, V past S are zero-filled in shared memory, and the pad
+// rows' lse is +inf: their P, hence dS, is exactly 0 and nothing NaN or past a tensor is read.
+//
+// Shared memory, 2-byte elements, XOR-swizzled 16-byte chunks (flash_common.cuh):
+//   K, V [128][D]  +  2 x (Q, dO [64][D])  +  dS^T [128][64]  +  2 x (lse, delta [64] float32)
+//   D = 64: 80.5 KB;  D = 128: 144.5 KB.  One CTA (8 warps) per SM; __launch_bounds__(256, 1).
+// Q, dO, lse and delta are double-buffered with cp.async: query block m + 1 is in flight while
+// block m is computed (the barrier at the top of each iteration proves the other buffer free).
+// Registers per thread: dK, dV 2 x D / 2 fp32 (64 + 64 at D = 128), S^T and dP^T 32 + 32.
+// Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
+#ifndef FIXED_FLASH_BACKWARD_CUH_
+#define FIXED_FLASH_BACKWARD_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "attention_kernels.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
+#include "flash_common.cuh"       // PTX wrappers, swizzled tiles, load_tile
+
+namespace fixed_attention {
+namespace kernels {
+namespace flash {
+
+template <int kHeadDim_>
+struct BackwardTiling {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockN = 16 * kWarps;  // keys per CTA, 16 per warp
+  static constexpr int kBlockM = 64;           // query rows per loop iteration
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row of Q, K, V, dO
+  static constexpr int kKSteps = kHeadDim / 16;  // k-steps of S^T, dP^T
+  static constexpr int kNTiles = kBlockM / 8;    // n-tiles of S^T, dP^T (queries)
+  static constexpr int kQSteps = kBlockM / 16;   // k-steps of dV, dK (queries)
+  static constexpr int kDTiles = kHeadDim / 8;   // n-tiles of dV, dK
+  // dQ: warp w takes m-tile w % kRowTiles and column group w / kRowTiles.
+  static constexpr int kRowTiles = kBlockM / 16;
+  static constexpr int kColGroups = kWarps / kRowTiles;
+  static constexpr int kDqCols = kHeadDim / kColGroups;
+  static constexpr int kDqTiles = kDqCols / 8;
+  static constexpr int kKeySteps = kBlockN / 16;  // k-steps of dQ (keys)
+  static constexpr int kKVElems = kBlockN * kHeadDim;
+  static constexpr int kQElems = kBlockM * kHeadDim;
+  static constexpr int kDsElems = kBlockN * kBlockM;
+  // K + V + 2 x (Q + dO) + dS^T, 2 bytes each; 2 x (lse + delta), 4 bytes each.
+  static constexpr std::size_t kSmemBytes =
+      2 * (2 * kKVElems + 4 * kQElems + kDsElems) + 2 * 2 * kBlockM * 4;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+  static_assert(kBlockM == 64, "the dS^T tile's rows are 8 chunks: one swizzle group");
+  static_assert(kWarps % kRowTiles == 0 && kDqTiles % 2 == 0, "whole dQ tiles per warp");
+  static_assert(kThreads % kChunks == 0 && 32 % kChunks == 0, "whole rows per copy pass");
+  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
+};
+
+// The prologue and dQ kernels: 256 threads, 16-byte accesses.
+constexpr int kRowKernelThreads = 256;
+
+// Rows of the padded per-row buffers (lse log2(e), delta, dQ accumulator): whole query blocks.
+template <class F>
+inline int64_t padded_rows(int64_t len_q) {
+  return ceil_div(len_q, F::kBlockM) * F::kBlockM;
+}
+
+// ------------------------------------------------------------------------ kernel 1
+
+// Thread group of kChunks lanes per row (one 16-byte chunk of dO and O each); rows past L are
+// the padding. A warp covers 32 / kChunks consecutive rows, so shuffles never leave the warp
+// and every lane of it runs the same number of iterations.
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kRowKernelThreads)
+    flash_backward_prologue_kernel(const T* __restrict__ dout,     // (B, L, D)
+                                   const T* __restrict__ out,      // (B, L, D)
+                                   const float* __restrict__ lse,  // (B, L), natural log
+                                   float* __restrict__ lse_log2,   // (B, Lp), lse log2(e)
+                                   float* __restrict__ delta,      // (B, Lp)
+                                   float* __restrict__ dq_accum,   // (B, Lp, D), zeroed here
+                                   const int64_t batch, const int64_t len_q,
+                                   const int64_t rows_padded) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kRowsPerWarp = 32 / kChunks;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int chunk = lane % kChunks;
+  const int64_t total_rows = batch * rows_padded;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowKernelThreads / 32);
+  const int64_t first_warp =
+      static_cast<int64_t>(blockIdx.x) * (kRowKernelThreads / 32) + (threadIdx.x >> 5);
+  for (int64_t base = first_warp * kRowsPerWarp; base < total_rows;
+       base += warps * kRowsPerWarp) {
+    const int64_t row = base + lane / kChunks;  // in (B, Lp)
+    const int64_t b = row / rows_padded;
+    const int64_t i = row % rows_padded;
+    const bool real = row < total_rows && i < len_q;
+    float dot = 0.f;
+    if (real) {
+      const int64_t offset = (b * len_q + i) * kHeadDim + chunk * 8;
+      const uint4 dout_bits = *reinterpret_cast<const uint4*>(dout + offset);
+      const uint4 out_bits = *reinterpret_cast<const uint4*>(out + offset);
+      const T* const d8 = reinterpret_cast<const T*>(&dout_bits);
+      const T* const o8 = reinterpret_cast<const T*>(&out_bits);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        dot = fmaf(to_float(d8[e]), to_float(o8[e]), dot);
+      }
+    }
+#pragma unroll
+    for (int offset = kChunks / 2; offset > 0; offset /= 2) {
+      dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    }
+    if (row < total_rows) {
+      if (chunk == 0) {
+        delta[row] = real ? dot : 0.f;
+        lse_log2[row] = real ? lse[b * len_q + i] * kLog2e : INFINITY;
+      }
+      float4* const accum = reinterpret_cast<float4*>(dq_accum + row * kHeadDim + chunk * 8);
+      accum[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------ kernel 2
+
+// (query, key) at (row, column) offsets: 8-byte load of two consecutive floats from shared.
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t address) {
+  float2 value;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+               : "=f"(value.x), "=f"(value.y)
+               : "r"(address));
+  return value;
+}
+
+__device__ __forceinline__ void st_shared_b32(uint32_t address, uint32_t bits) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(bits) : "memory");
+}
+
+// kBlockM floats of each padded row buffer (lse log2(e), delta) into shared memory: threads
+// 0-15 copy lse, threads 16-31 delta, 16 bytes each (the buffers are padded: always in bounds).
+template <int kBlockM>
+__device__ __forceinline__ void load_row_stats(uint32_t lse_dst, uint32_t delta_dst,
+                                               const float* lse_src, const float* delta_src,
+                                               int tid) {
+  constexpr int kCopies = kBlockM / 4;
+  if (tid < kCopies) {
+    cp_async_16(lse_dst + tid * 16, lse_src + tid * 4);
+  } else if (tid < 2 * kCopies) {
+    cp_async_16(delta_dst + (tid - kCopies) * 16, delta_src + (tid - kCopies) * 4);
+  }
+}
+
+template <typename T, class F>
+__global__ void __launch_bounds__(F::kThreads, 1)
+    flash_backward_kernel(const T* __restrict__ q,               // (B, L, D)
+                          const T* __restrict__ k,               // (B, S, D)
+                          const T* __restrict__ v,               // (B, S, D)
+                          const T* __restrict__ dout,            // (B, L, D)
+                          const float* __restrict__ lse_log2,    // (B, Lp)
+                          const float* __restrict__ delta,       // (B, Lp)
+                          float* __restrict__ dq_accum,          // (B, Lp, D)
+                          T* __restrict__ dk,                    // (B, S, D)
+                          T* __restrict__ dv,                    // (B, S, D)
+                          const AttentionProblem p, const int64_t rows_padded) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int D = F::kHeadDim, BM = F::kBlockM, BN = F::kBlockN;
+  constexpr int kNTiles = F::kNTiles, kDTiles = F::kDTiles, kDqTiles = F::kDqTiles;
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ uint4 flash_smem[];  // 16-byte aligned
+  const uint32_t k_tile = smem_addr(flash_smem);
+  const uint32_t v_tile = k_tile + F::kKVElems * 2;
+  const uint32_t q_tiles = v_tile + F::kKVElems * 2;     // 2 buffers of kQElems
+  const uint32_t do_tiles = q_tiles + 2 * F::kQElems * 2;  // 2 buffers of kQElems
+  const uint32_t ds_tile = do_tiles + 2 * F::kQElems * 2;  // [BN][BM]
+  const uint32_t stats = ds_tile + F::kDsElems * 2;       // 2 x (lse [BM], delta [BM])
+  constexpr uint32_t kQBytes = F::kQElems * 2;
+  constexpr uint32_t kStatsBytes = 2 * BM * 4;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int x = lane & 7;
+  const int key_row0 = warp * 16;  // this warp's keys in the CTA's block
+
+  // Per-lane ldmatrix addresses at chunk pair 0 (rows start at multiples of 8, so each row's
+  // swizzle key is lane & 7; see flash_forward.cuh).
+  // A operands from own rows (K, V) and .trans B operands (Q, dO, K): row lane & 15, chunk
+  // lane >> 4.
+  const uint32_t a_chunk = static_cast<uint32_t>((lane >> 4) ^ x);
+  const uint32_t k_a_lane = k_tile + static_cast<uint32_t>((key_row0 + (lane & 15)) * D * 2);
+  const uint32_t v_a_lane = v_tile + static_cast<uint32_t>((key_row0 + (lane & 15)) * D * 2);
+  const uint32_t trans_row = static_cast<uint32_t>((lane & 15) * D * 2);
+  // Plain B operands (Q, dO of S^T, dP^T): row x + 8 (lane >> 4), chunk (lane >> 3) & 1.
+  const uint32_t b_chunk = static_cast<uint32_t>(((lane >> 3) & 1) ^ x);
+  const uint32_t b_row = static_cast<uint32_t>((x + ((lane >> 4) << 3)) * D * 2);
+  // dQ: m-tile dq_mt, columns from chunk dq_c0; A = dS from the dS^T tile by .trans: key row
+  // x + 8 (lane >> 4), query chunk 2 dq_mt + ((lane >> 3) & 1).
+  const int dq_mt = warp % F::kRowTiles;
+  const int dq_c0 = (warp / F::kRowTiles) * (F::kDqCols / 8);
+  const uint32_t ds_lane = ds_tile + static_cast<uint32_t>((x + ((lane >> 4) << 3)) * BM * 2) +
+                           ((static_cast<uint32_t>(2 * dq_mt + ((lane >> 3) & 1)) ^ x) << 4);
+
+  const int64_t L = p.len_q, S = p.len_kv;
+  const int64_t key_blocks = ceil_div(S, BN);
+  const float scale_log2 = p.scale * kLog2e;
+
+  for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
+    const int64_t b = item / key_blocks;
+    const int64_t n0 = (item % key_blocks) * BN;  // lowest first: the longest loops (causal)
+    const int64_t kv_b = b * S * D;
+    // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
+    const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
+    // Fits an int: L rows of D 2-byte elements are in device memory.
+    const int n_iters = m_begin < L ? static_cast<int>(ceil_div(L - m_begin, BM)) : 0;
+
+    // Prologue: K, V of this key block; Q, dO, lse, delta of the first query block.
+    load_tile<F, BN>(k_tile, k + kv_b + n0 * D, S - n0, tid);
+    load_tile<F, BN>(v_tile, v + kv_b + n0 * D, S - n0, tid);
+    if (n_iters > 0) {
+      load_tile<F, BM>(q_tiles, q + (b * L + m_begin) * D, L - m_begin, tid);
+      load_tile<F, BM>(do_tiles, dout + (b * L + m_begin) * D, L - m_begin, tid);
+      load_row_stats<BM>(stats, stats + BM * 4, lse_log2 + b * rows_padded + m_begin,
+                         delta + b * rows_padded + m_begin, tid);
+    }
+    cp_async_commit();
+
+    float dk_acc[kDTiles][4];
+    float dv_acc[kDTiles][4];
+#pragma unroll
+    for (int j = 0; j < kDTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        dk_acc[j][e] = 0.f;
+        dv_acc[j][e] = 0.f;
+      }
+    }
+
+#pragma unroll 1
+    for (int it = 0; it < n_iters; ++it) {
+      const int64_t m0 = m_begin + static_cast<int64_t>(it) * BM;
+      const uint32_t buf = static_cast<uint32_t>(it & 1);
+      const uint32_t q_buf = q_tiles + buf * kQBytes;
+      const uint32_t do_buf = do_tiles + buf * kQBytes;
+      const uint32_t lse_buf = stats + buf * kStatsBytes;
+      const uint32_t delta_buf = lse_buf + BM * 4;
+      cp_async_wait<0>();  // this thread's copies of block `it` have landed
+      __syncthreads();     // everyone's have; every warp is done with block it - 1
+      if (it + 1 < n_iters) {
+        const int64_t next = m0 + BM;
+        const uint32_t other = (buf ^ 1u) * kQBytes;
+        const uint32_t other_stats = stats + (buf ^ 1u) * kStatsBytes;
+        load_tile<F, BM>(q_tiles + other, q + (b * L + next) * D, L - next, tid);
+        load_tile<F, BM>(do_tiles + other, dout + (b * L + next) * D, L - next, tid);
+        load_row_stats<BM>(other_stats, other_stats + BM * 4, lse_log2 + b * rows_padded + next,
+                           delta + b * rows_padded + next, tid);
+      }
+      cp_async_commit();  // possibly empty: keeps the group count uniform
+
+      // S^T = K Q^T and dP^T = V dO^T: s[j], dp[j] are the 16x8 tiles of this warp's keys and
+      // queries m0 + 8 j.
+      float s[kNTiles][4];
+      float dp[kNTiles][4];
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] = 0.f;
+          dp[j][e] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < F::kKSteps; ++ks) {  // d = 16 ks .. + 15
+        const uint32_t pair = static_cast<uint32_t>(2 * ks);
+        uint32_t ka[4];
+        uint32_t va[4];
+        ldmatrix_x4(ka, k_a_lane + ((a_chunk ^ pair) << 4));
+        ldmatrix_x4(va, v_a_lane + ((a_chunk ^ pair) << 4));
+#pragma unroll
+        for (int np = 0; np < kNTiles / 2; ++np) {  // queries m0 + 16 np .. + 15
+          const uint32_t row = b_row + np * 16 * D * 2 + ((b_chunk ^ pair) << 4);
+          uint32_t qb[4];
+          ldmatrix_x4(qb, q_buf + row);
+          mma_16816<T>(s[2 * np], ka, qb[0], qb[1]);
+          mma_16816<T>(s[2 * np + 1], ka, qb[2], qb[3]);
+          uint32_t ob[4];
+          ldmatrix_x4(ob, do_buf + row);
+          mma_16816<T>(dp[2 * np], va, ob[0], ob[1]);
+          mma_16816<T>(dp[2 * np + 1], va, ob[2], ob[3]);
+        }
+      }
+
+      // P^T and dS^T in place. Element e of tile j: key n0 + key_row0 + g + 8 (e >> 1),
+      // query m0 + 8 j + 2 t + (e & 1).
+      const bool diagonal = p.causal && m0 < n0 + BN - 1;  // uniform over the CTA
+      // Query - key at element (0, 0) of tile 0; |.| < BM + BN whenever diagonal is true.
+      const int diag = diagonal ? static_cast<int>(m0 - n0) - key_row0 : 0;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * j + 2 * t) * 4);
+        const float2 dl = ld_shared_f32x2(delta_buf + (8 * j + 2 * t) * 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float row_lse = (e & 1) ? lse2.y : lse2.x;
+          const float row_delta = (e & 1) ? dl.y : dl.x;
+          float prob = exp2_approx(fmaf(s[j][e], scale_log2, -row_lse));
+          if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
+            prob = 0.f;  // query before key
+          }
+          s[j][e] = prob;
+          dp[j][e] = prob * (dp[j][e] - row_delta);
+        }
+      }
+
+      // dV += P^T dO and dK += dS^T Q over the block's 64 queries (4 k-steps).
+#pragma unroll
+      for (int kk = 0; kk < F::kQSteps; ++kk) {  // queries m0 + 16 kk .. + 15
+        uint32_t pa[4];
+        uint32_t da[4];
+        pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        da[0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
+        da[1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
+        da[2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+        da[3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {  // d = 16 dp2 .. + 15
+          const uint32_t row =
+              trans_row + kk * 16 * D * 2 + ((a_chunk ^ static_cast<uint32_t>(2 * dp2)) << 4);
+          uint32_t ob[4];
+          ldmatrix_x4_trans(ob, do_buf + row);
+          mma_16816<T>(dv_acc[2 * dp2], pa, ob[0], ob[1]);
+          mma_16816<T>(dv_acc[2 * dp2 + 1], pa, ob[2], ob[3]);
+          uint32_t qb[4];
+          ldmatrix_x4_trans(qb, q_buf + row);
+          mma_16816<T>(dk_acc[2 * dp2], da, qb[0], qb[1]);
+          mma_16816<T>(dk_acc[2 * dp2 + 1], da, qb[2], qb[3]);
+        }
+      }
+
+      // dS^T to shared memory: key rows key_row0 + g + 8 h, query columns 8 j + 2 t, + 1.
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t offset = swizzled<BM>(key_row0 + g + 8 * h, j) + 4 * t;
+          st_shared_b32(ds_tile + offset, pack2<T>(dp[j][2 * h], dp[j][2 * h + 1]));
+        }
+      }
+      __syncthreads();  // the whole dS^T tile is written
+
+      // dQ rows m0 + 16 dq_mt .., columns 8 dq_c0 .. + kDqCols, over the block's 128 keys.
+      float dq[kDqTiles][4];
+#pragma unroll
+      for (int j = 0; j < kDqTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dq[j][e] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < F::kKeySteps; ++kk) {  // keys n0 + 16 kk .. + 15
+        uint32_t dsa[4];
+        ldmatrix_x4_trans(dsa, ds_lane + kk * 16 * BM * 2);
+#pragma unroll
+        for (int dp2 = 0; dp2 < kDqTiles / 2; ++dp2) {
+          uint32_t kb[4];
+          ldmatrix_x4_trans(kb, k_tile + trans_row + kk * 16 * D * 2 +
+                                    ((a_chunk ^ static_cast<uint32_t>(dq_c0 + 2 * dp2)) << 4));
+          mma_16816<T>(dq[2 * dp2], dsa, kb[0], kb[1]);
+          mma_16816<T>(dq[2 * dp2 + 1], dsa, kb[2], kb[3]);
+        }
+      }
+      float* const dq_rows =
+          dq_accum + (b * rows_padded + m0 + 16 * dq_mt + g) * D + dq_c0 * 8 + 2 * t;
+#pragma unroll
+      for (int j = 0; j < kDqTiles; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          red_add_f32x2(dq_rows + 8 * h * D + 8 * j, dq[j][2 * h], dq[j][2 * h + 1]);
+        }
+      }
+    }
+
+    // Epilogue: dK (times scale) and dV through this warp's own rows of the K and V tiles, then
+    // 16-byte stores of whole rows. The barrier: no copies in flight, every warp done with K.
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = key_row0 + g + 8 * h;  // row & 7 == g
+#pragma unroll
+      for (int j = 0; j < kDTiles; ++j) {
+        const uint32_t offset = swizzled<D>(row, j) + 4 * t;  // columns 8 j + 2 t, + 1
+        st_shared_b32(k_tile + offset,
+                      pack2<T>(dk_acc[j][2 * h] * p.scale, dk_acc[j][2 * h + 1] * p.scale));
+        st_shared_b32(v_tile + offset, pack2<T>(dv_acc[j][2 * h], dv_acc[j][2 * h + 1]));
+      }
+    }
+    __syncwarp();
+    const unsigned char* const smem_bytes = reinterpret_cast<const unsigned char*>(flash_smem);
+    constexpr int kRowsPerStep = 32 / F::kChunks;
+#pragma unroll
+    for (int step = 0; step < 16 / kRowsPerStep; ++step) {
+      const int row = key_row0 + step * kRowsPerStep + lane / F::kChunks;
+      const int chunk = lane % F::kChunks;
+      const int64_t key = n0 + row;
+      const uint32_t offset = swizzled<D>(row, chunk);
+      if (key < S) {
+        const int64_t to = kv_b + key * D + chunk * 8;
+        *reinterpret_cast<uint4*>(dk + to) =
+            *reinterpret_cast<const uint4*>(smem_bytes + offset);
+        *reinterpret_cast<uint4*>(dv + to) =
+            *reinterpret_cast<const uint4*>(smem_bytes + F::kKVElems * 2 + offset);
+      }
+    }
+    __syncthreads();  // the next work item's copies overwrite the K and V tiles
+  }
+#endif  // __CUDA_ARCH__ >= 800
+}
+
+// ------------------------------------------------------------------------ kernel 3
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kRowKernelThreads)
+    flash_backward_dq_kernel(const float* __restrict__ dq_accum,  // (B, Lp, D)
+                             T* __restrict__ dq,                  // (B, L, D)
+                             const int64_t batch, const int64_t len_q, const int64_t rows_padded,
+                             const float scale) {
+  // One thread per 8 elements: two 16-byte loads, one 16-byte store.
+  constexpr int kChunks = kHeadDim / 8;
+  const int64_t total = batch * len_q * kChunks;
+  for (int64_t index = static_cast<int64_t>(blockIdx.x) * kRowKernelThreads + threadIdx.x;
+       index < total; index += static_cast<int64_t>(gridDim.x) * kRowKernelThreads) {
+    const int64_t row = index / kChunks;  // in (B, L)
+    const int chunk = static_cast<int>(index % kChunks);
+    const int64_t b = row / len_q;
+    const int64_t i = row % len_q;
+    const float4* const from =
+        reinterpret_cast<const float4*>(dq_accum + (b * rows_padded + i) * kHeadDim + chunk * 8);
+    const float4 lo = from[0];
+    const float4 hi = from[1];
+    uint4 bits;
+    bits.x = pack2<T>(lo.x * scale, lo.y * scale);
+    bits.y = pack2<T>(lo.z * scale, lo.w * scale);
+    bits.z = pack2<T>(hi.x * scale, hi.y * scale);
+    bits.w = pack2<T>(hi.z * scale, hi.w * scale);
+    *reinterpret_cast<uint4*>(dq + row * kHeadDim + chunk * 8) = bits;
+  }
+}
+
+// ------------------------------------------------------------------------ host launchers
+
+namespace detail {
+
+// The backward's three launches on `stream`. After a failed launch it stops, leaving the error
+// for the caller's launch check.
+template <typename T, class F>
+void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,
+              float* lse_log2, float* delta, float* dq_accum, T* dq, T* dk, T* dv,
+              const AttentionProblem& p, cudaStream_t stream) {
+  const int64_t rows = padded_rows<F>(p.len_q);
+  constexpr int kRowsPerBlock = kRowKernelThreads / F::kChunks;
+  flash_backward_prologue_kernel<T, F::kHeadDim>
+      <<<kernels::detail::grid_for(ceil_div(p.batch * rows, kRowsPerBlock)), kRowKernelThreads,
+         0, stream>>>(dout, out, lse, lse_log2, delta, dq_accum, p.batch, p.len_q, rows);
+  if (cudaPeekAtLastError() != cudaSuccess) {
+    return;
+  }
+  auto* kernel = flash_backward_kernel<T, F>;
+  kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
+  kernel<<<kernels::detail::grid_for(p.batch * ceil_div(p.len_kv, F::kBlockN)), F::kThreads,
+           F::kSmemBytes, stream>>>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows);
+  if (cudaPeekAtLastError() != cudaSuccess) {
+    return;
+  }
+  flash_backward_dq_kernel<T, F::kHeadDim>
+      <<<kernels::detail::grid_for(ceil_div(p.batch * p.len_q * F::kChunks, kRowKernelThreads)),
+         kRowKernelThreads, 0, stream>>>(dq_accum, dq, p.batch, p.len_q, rows, p.scale);
+}
+
+template <typename T, class F>
+bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
+                     const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
+                     T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
+  // 16-byte copies and stores: a tensor at an odd storage offset is not aligned.
+  for (const void* pointer : {static_cast<const void*>(dout), static_cast<const void*>(q),
+                              static_cast<const void*>(k), static_cast<const void*>(v),
+                              static_cast<const void*>(out), static_cast<const void*>(dq),
+                              static_cast<const void*>(dk), static_cast<const void*>(dv)}) {
+    if (!aligned16(pointer)) {
+      return false;
+    }
+  }
+  if (!has_tensor_core_image(flash_backward_kernel<T, F>)) {
+    return false;
+  }
+  backward<T, F>(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq, dk, dv, p, stream);
+  return true;
+}
+
+template <typename T>
+bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
+                     const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
+                     T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64:
+      return launch_backward<T, BackwardTiling<64>>(dout, q, k, v, out, lse, lse_log2, delta,
+                                                    dq_accum, dq, dk, dv, p, stream);
+    case 128:
+      return launch_backward<T, BackwardTiling<128>>(dout, q, k, v, out, lse, lse_log2, delta,
+                                                     dq_accum, dq, dk, dv, p, stream);
+    default: return false;
+  }
+}
+
+// Workspace rows for the head dims the kernel covers (both tilings use 64-row query blocks).
+inline int64_t backward_rows(const AttentionProblem& p) {
+  static_assert(BackwardTiling<64>::kBlockM == BackwardTiling<128>::kBlockM, "one padding");
+  return p.head_dim == 64 || p.head_dim == 128 ? padded_rows<BackwardTiling<64>>(p.len_q) : 0;
+}
+
+}  // namespace detail
+}  // namespace flash
+
+// The glue's entry points, one overload per dtype (non-templates, so that nvcc's compile check
+// of this header instantiates every kernel). Problem: batch, len_q and len_kv > 0.
+//
+// flash_backward_rows: 0 when the tensor-core backward does not cover the dtype or head dim;
+// otherwise the rows (per batch item) of the float32 workspace the caller allocates before
+// launch_flash_backward: lse_log2 and delta (B, rows), dq_accum (B, rows, D), no zeroing needed.
+//
+// launch_flash_backward: contiguous (B, L, D) dout, q, out, dq; (B, S, D) k, v, dk, dv; lse
+// (B, L) float32 from the forward. Returns false, having launched nothing, when the case is not
+// covered (then the caller runs the generic backward kernels); true after the launches on
+// `stream`, which the caller then checks. Throws std::runtime_error if the shared-memory opt-in
+// fails, as the generic launchers do.
+inline int64_t flash_backward_rows(const float*, const AttentionProblem&) {
+  return 0;  // float32 keeps the generic kernels' fp32 arithmetic
+}
+inline int64_t flash_backward_rows(const __half*, const AttentionProblem& p) {
+  return flash::detail::backward_rows(p);
+}
+inline int64_t flash_backward_rows(const __nv_bfloat16*, const AttentionProblem& p) {
+  return flash::detail::backward_rows(p);
+}
+
+inline bool launch_flash_backward(const float*, const float*, const float*, const float*,
+                                  const float*, const float*, float*, float*, float*, float*,
+                                  float*, float*, const AttentionProblem&, cudaStream_t) {
+  return false;
+}
+inline bool launch_flash_backward(const __half* dout, const __half* q, const __half* k,
+                                  const __half* v, const __half* out, const float* lse,
+                                  float* lse_log2, float* delta, float* dq_accum, __half* dq,
+                                  __half* dk, __half* dv, const AttentionProblem& p,
+                                  cudaStream_t stream) {
+  return flash::detail::launch_backward(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
+                                        dk, dv, p, stream);
+}
+inline bool launch_flash_backward(const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                                  const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                  const __nv_bfloat16* out, const float* lse, float* lse_log2,
+                                  float* delta, float* dq_accum, __nv_bfloat16* dq,
+                                  __nv_bfloat16* dk, __nv_bfloat16* dv,
+                                  const AttentionProblem& p, cudaStream_t stream) {
+  return flash::detail::launch_backward(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
+                                        dk, dv, p, stream);
+}
+
+}  // namespace kernels
+}  // namespace fixed_attention
+
+#endif  // FIXED_FLASH_BACKWARD_CUH_

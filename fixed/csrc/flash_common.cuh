@@ -1,0 +1,187 @@
+// What the tensor-core kernels (flash_forward.cuh, flash_backward.cuh) share: inline PTX for
+// mma.sync m16n8k16, ldmatrix, cp.async and reductions; the XOR-swizzled shared-memory tile
+// layout; the tile loader; and the host-side checks that decide whether a tensor-core kernel can
+// take a case. The fragment layouts are spelled out in flash_forward.cuh's header comment.
+//
+// No torch includes: nvcc compile-checks it without a GPU (kata/builders.py).
+#ifndef FIXED_FLASH_COMMON_CUH_
+#define FIXED_FLASH_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace fixed_attention {
+namespace kernels {
+namespace flash {
+
+// ------------------------------------------------------------------------ PTX wrappers
+// Inline PTX needs sm_80 (bf16 mma, cp.async); the kernel body compiles only there.
+
+__device__ __forceinline__ uint32_t smem_addr(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// 16 bytes global -> shared, bypassing L1 (.cg), asynchronous (cp.async groups below).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+
+// 16 zero bytes to shared memory (the rows of a tile past the end of its matrix).
+__device__ __forceinline__ void st_shared_zero_16(uint32_t dst) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Wait until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+// c += a b for one 16x8x16 tile; T selects the operand type (bf16 or f16).
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    static_assert(std::is_same_v<T, __half>, "bf16 or f16 operands");
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+// Two floats rounded to nearest-even into one b32 register: lo in bits 0-15 (the lower column
+// or row of a fragment pair), hi in bits 16-31.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t bits;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);  // .x = lo, .y = hi
+    std::memcpy(&bits, &pair, sizeof(bits));
+  } else {
+    const __half2 pair = __floats2half2_rn(lo, hi);  // .x = lo, .y = hi
+    std::memcpy(&bits, &pair, sizeof(bits));
+  }
+  return bits;
+}
+
+// 2^x, MUFU.EX2 (ftz; 2^-inf = +0, which masked scores rely on).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ------------------------------------------------------------------------ tile helpers
+
+// Byte offset of element (row, 8 * chunk) of a swizzled [rows][kHeadDim] tile.
+template <int kHeadDim>
+__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
+  return static_cast<uint32_t>((row * kHeadDim + ((chunk ^ (row & 7)) << 3)) * 2);
+}
+
+// Rows [0, kRows) of a (rows, kHeadDim) row-major global matrix starting at `src` into a
+// swizzled shared tile at `dst`: 16-byte cp.async for rows < valid_rows, 16-byte zero stores
+// for the rest (never read: no access past the end of a tensor). Thread `tid` handles chunk
+// tid % kChunks of rows tid / kChunks + pass * kRowsPerPass; kRowsPerPass is a multiple of 8,
+// so the row's swizzle key (row & 7) is the same for every pass and offsets are immediates.
+template <class F, int kRows, typename T>
+__device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t valid_rows,
+                                          int tid) {
+  constexpr int kRowsPerPass = F::kThreads / F::kChunks;
+  static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "whole passes");
+  const int chunk = tid % F::kChunks;
+  const int first_row = tid / F::kChunks;
+  // Valid rows of this tile, 0..kRows (an int from here on).
+  const int valid = static_cast<int>(valid_rows < 0 ? 0 : valid_rows < kRows ? valid_rows : kRows);
+  const T* const thread_src = src + first_row * F::kHeadDim + chunk * 8;
+  const uint32_t thread_dst = dst + swizzled<F::kHeadDim>(first_row, chunk);
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const uint32_t to = thread_dst + pass * kRowsPerPass * F::kHeadDim * 2;
+    if (pass * kRowsPerPass + first_row < valid) {
+      cp_async_16(to, thread_src + pass * kRowsPerPass * F::kHeadDim);
+    } else {
+      st_shared_zero_16(to);
+    }
+  }
+}
+
+// Adds (a, b) to the two consecutive floats at `address` in global memory, atomically per
+// element (relaxed, gpu scope); nothing is returned, so the SM does not wait for it. sm_90 has
+// a vector form: one request for both elements.
+__device__ __forceinline__ void red_add_f32x2(float* address, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(a), "f"(b)
+               : "memory");
+#elif defined(__CUDA_ARCH__)
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address), "f"(a) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address + 1), "f"(b) : "memory");
+#endif
+}
+
+namespace detail {
+
+inline bool aligned16(const void* pointer) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0;
+}
+
+// True when the image of `kernel` that runs on the current device was compiled for sm_80 or
+// later. The kernel body exists only there (mma.sync with bf16, ldmatrix, cp.async): a build
+// whose only image for this device is older PTX, JIT-compiled, would run an empty kernel.
+template <typename Kernel>
+bool has_tensor_core_image(Kernel* kernel) {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // answered "no" here; not an error for the caller's check
+    return false;
+  }
+  return attributes.ptxVersion >= 80;
+}
+
+}  // namespace detail
+}  // namespace flash
+}  // namespace kernels
+}  // namespace fixed_attention
+
+#endif  // FIXED_FLASH_COMMON_CUH_

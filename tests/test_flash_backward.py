@@ -1,0 +1,282 @@
+"""fixed/'s tensor-core backward (fixed/csrc/flash_backward.cuh: mma.sync, bf16 and fp16, head
+dims 64 and 128) on a GPU: dQ, dK and dV against the float64 reference and against the generic
+float32 kernels, ragged lengths around the 64-query and 128-key blocks, L != S both ways,
+causal, views, negative scales, misaligned inputs, which kernels ran, and compute-sanitizer.
+Every test needs CUDA and skips, saying so, without it. Inputs are fresh each run;
+FLASH_SEED=<seed> replays a failure."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import secrets
+import textwrap
+
+import pytest
+import torch
+
+from kata.reference import TOLERANCE, attention_with_grads, relative_error
+from tests.cuda_support import (
+    NEEDS_CUDA,
+    dtype_id,
+    find_compute_sanitizer,
+    fixed_with_cuda_kernels,
+    poison_allocator,
+    randn,
+    run_clean,
+)
+
+try:
+    from pytest_check import check
+except ImportError:  # pytest-check may be missing on the GPU machine: stop at the first failure
+    check = contextlib.nullcontext()
+
+pytestmark = NEEDS_CUDA
+
+DTYPES = [torch.bfloat16, torch.float16]
+HEAD_DIMS = [64, 128]  # the head dims the tensor-core backward covers
+# (leading dims, L, S): around the 64-row query blocks and 128-key blocks, L == S and L != S both
+# ways (causal: keys past the last row get zero gradients), batch * heads from 1 to 64.
+CASES = [
+    ((), 1, 1),
+    ((3,), 15, 15),
+    ((2, 2), 63, 64),
+    ((1,), 64, 63),
+    ((5,), 65, 129),
+    ((2, 3), 129, 65),
+    ((4, 16), 127, 129),
+    ((1,), 300, 1000),
+    ((2,), 1000, 15),
+    ((1,), 15, 1000),
+    ((1,), 1100, 1100),
+]
+BACKWARD_KERNEL = "flash_backward_kernel"
+
+
+@pytest.fixture(scope="module")
+def fixed():
+    return fixed_with_cuda_kernels()
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(os.environ.get("FLASH_SEED", secrets.randbelow(2**31)))
+
+
+def replay(seed: int) -> str:
+    return f"seed {seed}; replay: FLASH_SEED={seed} python -m pytest {__file__}"
+
+
+def make_inputs(lead, len_q, len_kv, head_dim, dtype, generator):
+    return (
+        randn((*lead, len_q, head_dim), dtype, generator),
+        randn((*lead, len_kv, head_dim), dtype, generator),
+        randn((*lead, len_kv, head_dim), dtype, generator),
+        randn((*lead, len_q, head_dim), dtype, generator),  # the output's gradient
+    )
+
+
+def backward(q, k, v, grad, scale, causal):
+    """(dq, dk, dv) from the operators, after poisoning the blocks they will land in."""
+    out, lse = torch.ops.fixed_attention.attention_forward(q, k, v, scale, causal)
+    poison_allocator((q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype))
+    return torch.ops.fixed_attention.attention_backward(grad, q, k, v, out, lse, scale, causal)
+
+
+def check_against_reference(q, k, v, grad, scale, causal, where):
+    grads = backward(q, k, v, grad, scale, causal)
+    _, *reference = attention_with_grads(q, k, v, grad, scale=scale, causal=causal)
+    for name, got, ref, leaf in zip(("dq", "dk", "dv"), grads, reference, (q, k, v), strict=True):
+        with check:
+            assert (got.shape, got.dtype) == (leaf.shape, leaf.dtype), f"{name}: {where}"
+        error = relative_error(got, ref)
+        with check:
+            assert error <= TOLERANCE[q.dtype], f"{name} relative error {error:.2e}: {where}"
+
+
+# ------------------------------------------------------------------------------- results
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gradients_match_reference(fixed, seed, dtype, head_dim, causal):
+    generator = torch.Generator().manual_seed(seed)
+    scale = 1.0 / math.sqrt(head_dim)
+    for lead, len_q, len_kv in CASES:
+        q, k, v, grad = make_inputs(lead, len_q, len_kv, head_dim, dtype, generator)
+        where = (
+            f"{dtype_id(dtype)} q{list(q.shape)} kv{list(k.shape)} causal={causal}; {replay(seed)}"
+        )
+        check_against_reference(q, k, v, grad, scale, causal, where)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gradients_match_the_generic_float32_kernels(fixed, seed, dtype, head_dim, causal):
+    """The same inputs upcast to float32 take the generic kernels (fp32 on CUDA cores): the
+    tensor-core gradients must agree with them within the half-precision tolerance."""
+    generator = torch.Generator().manual_seed(seed)
+    scale = 0.7 / math.sqrt(head_dim)
+    for lead, len_q, len_kv in [((2, 8), 300, 300), ((3,), 200, 77), ((1,), 77, 520)]:
+        q, k, v, grad = make_inputs(lead, len_q, len_kv, head_dim, dtype, generator)
+        where = (
+            f"{dtype_id(dtype)} q{list(q.shape)} kv{list(k.shape)} causal={causal}; {replay(seed)}"
+        )
+        grads = backward(q, k, v, grad, scale, causal)
+        grads32 = backward(q.float(), k.float(), v.float(), grad.float(), scale, causal)
+        for name, got, ref in zip(("dq", "dk", "dv"), grads, grads32, strict=True):
+            error = relative_error(got, ref.double().cpu())
+            with check:
+                assert error <= TOLERANCE[dtype], f"vs float32 kernels: {name} {error:.2e}: {where}"
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_views_and_other_scales_through_autograd(fixed, seed, dtype, head_dim):
+    """Transposed and strided views of leaves that require grad (the glue copies them once),
+    through fast_attention's autograd, with scales other than 1/√E, negative ones included."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, heads, len_q, len_kv = 2, 3, 145, 203
+    for scale, causal in ((0.3, False), (0.05, True), (-0.2, False), (-0.2, True)):
+        q = randn((batch, len_q, heads, head_dim), dtype, generator).transpose(1, 2)
+        k = randn((batch, heads, 2 * len_kv, head_dim), dtype, generator)[:, :, ::2]
+        v = randn((batch, len_kv, heads, head_dim), dtype, generator).transpose(1, 2)
+        grad = randn((batch, heads, len_q, head_dim), dtype, generator)
+        assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        fixed.fast_attention(*leaves, scale=scale, causal=causal).backward(grad)
+        _, *reference = attention_with_grads(q, k, v, grad, scale=scale, causal=causal)
+        where = f"{dtype_id(dtype)} e{head_dim} scale={scale} causal={causal}; {replay(seed)}"
+        for name, leaf, ref in zip("qkv", leaves, reference, strict=True):
+            error = relative_error(leaf.grad, ref)
+            with check:
+                assert error <= TOLERANCE[dtype], f"d{name} relative error {error:.2e}: {where}"
+
+
+def test_misaligned_inputs_fall_back_and_stay_correct(fixed, seed):
+    """A contiguous tensor at an odd storage offset is not 16-byte aligned: the tensor-core
+    launcher declines it and the generic kernels answer."""
+    generator = torch.Generator().manual_seed(seed)
+    for dtype in DTYPES:
+        for head_dim in HEAD_DIMS:
+            shapes = [(2, 70, head_dim), (2, 90, head_dim), (2, 90, head_dim), (2, 70, head_dim)]
+            q, k, v, grad = (
+                randn((math.prod(shape) + 1,), dtype, generator)[1:].view(shape) for shape in shapes
+            )
+            assert q.is_contiguous() and q.data_ptr() % 16 != 0
+            where = f"{dtype_id(dtype)} e{head_dim} misaligned; {replay(seed)}"
+            check_against_reference(q, k, v, grad, 1.0 / math.sqrt(head_dim), True, where)
+
+
+def test_dk_and_dv_are_deterministic(fixed, seed):
+    """dK and dV: one CTA owns each key row, no atomics, bit-equal across runs. dQ sums by
+    atomics in no fixed order: equal within rounding, not bit for bit."""
+    generator = torch.Generator().manual_seed(seed)
+    for head_dim in HEAD_DIMS:
+        q, k, v, grad = make_inputs((2, 4), 333, 517, head_dim, torch.bfloat16, generator)
+        first = backward(q, k, v, grad, 0.1, True)
+        second = backward(q, k, v, grad, 0.1, True)
+        for name, a, b in zip(["dk", "dv"], first[1:], second[1:], strict=True):
+            assert torch.equal(a, b), f"e{head_dim} {name} differs between two runs: {replay(seed)}"
+        error = relative_error(first[0], second[0].double().cpu())
+        assert error <= 1e-2, f"e{head_dim} dq differs by {error:.2e} between runs: {replay(seed)}"
+
+
+# ---------------------------------------------------------------------- which kernel ran
+
+
+def kernels_launched(q, k, v, grad, causal=False):
+    out, lse = torch.ops.fixed_attention.attention_forward(q, k, v, 0.125, causal)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        torch.ops.fixed_attention.attention_backward(grad, q, k, v, out, lse, 0.125, causal)
+        torch.cuda.synchronize()
+    return [e.name for e in profile.events() if "kernel" in e.name]
+
+
+def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
+    """bf16/fp16 with head dim 64 or 128 take the tensor-core backward; float32, other head dims,
+    misaligned inputs and deterministic mode take the generic one. Without this, a dispatch that
+    always fell back would pass every result test above."""
+    generator = torch.Generator().manual_seed(seed)
+    if not kernels_launched(*make_inputs((2,), 100, 100, 64, torch.float32, generator)):
+        pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable?)")
+    for dtype in DTYPES:
+        for head_dim in HEAD_DIMS:
+            for causal in (False, True):
+                names = kernels_launched(
+                    *make_inputs((2, 3), 100, 150, head_dim, dtype, generator), causal=causal
+                )
+                with check:
+                    assert sum(BACKWARD_KERNEL in name for name in names) == 1, (
+                        f"{dtype_id(dtype)} e{head_dim} causal={causal}: launched {names}"
+                    )
+    declined = {
+        "float32 e64": make_inputs((2,), 100, 100, 64, torch.float32, generator),
+        "bfloat16 e96": make_inputs((2,), 100, 100, 96, torch.bfloat16, generator),
+        "float16 e64 misaligned": tuple(
+            randn((2 * 100 * 64 + 1,), torch.float16, generator)[1:].view(2, 100, 64)
+            for _ in range(4)
+        ),
+    }
+    for label, inputs in declined.items():
+        names = kernels_launched(*inputs)
+        with check:
+            assert names and not any(BACKWARD_KERNEL in name for name in names), (
+                f"{label}: launched {names}"
+            )
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        names = kernels_launched(*make_inputs((2,), 100, 100, 64, torch.bfloat16, generator))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert names and not any(BACKWARD_KERNEL in name for name in names), (
+        f"deterministic mode: launched {names}"
+    )
+
+
+# --------------------------------------------------------------------------- compute-sanitizer
+
+SANITIZER_SCRIPT = textwrap.dedent(
+    """
+    import torch
+
+    import fixed
+
+    generator = torch.Generator().manual_seed(0)
+    # Several query blocks (both shared-memory buffers in use) and key blocks, tails in L and S,
+    # causal with L < S (key blocks past the last row) and L > S, full.
+    for dtype, head_dim, len_q, len_kv, causal in (
+        (torch.bfloat16, 128, 200, 333, True),
+        (torch.float16, 128, 131, 70, False),
+        (torch.bfloat16, 64, 130, 300, False),
+        (torch.float16, 64, 300, 129, True),
+    ):
+        q, k, v = (
+            torch.randn(2, n, head_dim, generator=generator).to("cuda", dtype).requires_grad_()
+            for n in (len_q, len_kv, len_kv)
+        )
+        fixed.fast_attention(q, k, v, causal=causal).sum().backward()
+    torch.cuda.synchronize()
+    print("sanitizer script done")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("tool", "clean"),
+    [
+        ("memcheck", "ERROR SUMMARY: 0 errors"),
+        ("racecheck", "RACECHECK SUMMARY: 0 hazards displayed"),
+        ("synccheck", "ERROR SUMMARY: 0 errors"),
+    ],
+)
+def test_compute_sanitizer_on_the_tensor_core_backward(fixed, tmp_path, tool, clean):
+    sanitizer = find_compute_sanitizer()
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer is not on PATH (nor in CUDA_HOME/bin)")
+    print(run_clean(sanitizer, tool, SANITIZER_SCRIPT, tmp_path, clean))  # for the log
