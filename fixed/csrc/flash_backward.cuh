@@ -18,26 +18,29 @@
 //    domain), both padded to a whole number of query blocks (pad rows: delta 0, lse +inf, so
 //    their P is exactly 0), and zeros the float32 dQ accumulator. Memory-bound: reads dO and O.
 // 2. flash_backward_kernel: one CTA per (batch item, block of kBlockN = 128 keys), looping over
-//    the query blocks of kBlockM = 64 rows that can see those keys. dK and dV of its keys stay
-//    in registers for the whole loop; dQ gets each CTA's contribution by float32 atomics.
+//    the query blocks of kBlockM rows (128 for D = 64, 64 for D = 128) that can see those keys.
+//    dK and dV of its keys stay in registers for the whole loop; dQ gets each CTA's
+//    contribution by float32 atomics.
 // 3. flash_backward_dq_kernel: dQ = scale * accumulator, rounded to the input dtype.
 //
 // ---------------------------------------------------------------------- the main kernel
 // 8 warps; warp w owns keys [16 w, 16 w + 16) of the CTA's block, so that it computes the
-// TRANSPOSED scores, keys as the M dimension:
-//   S^T  = K Q^T     dP^T = V dO^T        (16 keys x 64 queries per warp: 8 n-tiles each)
+// TRANSPOSED scores, keys as the M dimension (M = kBlockM queries per iteration):
+//   S^T  = K Q^T     dP^T = V dO^T        (16 keys x M queries per warp: M / 8 n-tiles each)
 //   P^T  = exp2(S^T scale log2(e) - lse log2(e))   dS^T = P^T (dP^T - delta)   in registers
-//   dV  += P^T dO    dK  += dS^T Q        (k = the 64 queries: 4 k-steps; N = the head dim)
+//   dV  += P^T dO    dK  += dS^T Q        (k = the M queries; N = the head dim)
 // The C fragments of P^T and dS^T are, packed in pairs, the A fragments of the dV and dK
 // products (the identity the forward uses for P V), so P and dS never touch shared memory for
 // dV and dK. dQ = dS K needs dS with queries as rows, spread over all 8 warps: each warp stores
-// its dS^T (bf16/fp16) to a shared tile, a barrier, then warp w computes dQ rows
-// [16 (w % 4), + 16) x head-dim columns [(w / 4) D / 2, + D / 2) over all 128 keys, reading
-// dS by ldmatrix.trans, and adds its float32 fragments to the global accumulator with
-// red.global.add (vector v2 on sm_90). Per query block: two barriers.
+// its dS^T (bf16/fp16) to a shared tile, a barrier, then each warp computes one 16-row m-tile
+// of dQ over a slice of the head dim (M = 64: 4 m-tiles x 2 halves of D; M = 128: 8 m-tiles x
+// all of D) over all 128 keys, reading dS by ldmatrix.trans, and adds its float32 fragments to
+// the global accumulator with red.global.add (vector v2 on sm_90). Two barriers per iteration.
 // Operands from shared memory:
 //   K, V as A (own 16 rows; plain ldmatrix)    Q, dO as B of S^T, dP^T (plain ldmatrix)
 //   Q, dO as B of dK, dV (.trans)              dS^T as A of dQ (.trans)   K as B of dQ (.trans)
+// Every warp reads all of Q and dO twice per iteration: about 300 bytes of shared memory per
+// mma, and the kernel is shared-memory bound (ncu, H200: L1/shared 85% busy, tensor pipe ~40%).
 // Causal: a key block's loop starts at the query block holding its first key (earlier rows see
 // none of its keys); only query blocks that reach above the diagonal (m0 < n0 + 127) are masked,
 // element by element. Key blocks wholly past the last query row run no loop and write zeros.
@@ -46,11 +49,12 @@
 // rows' lse is +inf: their P, hence dS, is exactly 0 and nothing NaN or past a tensor is read.
 //
 // Shared memory, 2-byte elements, XOR-swizzled 16-byte chunks (flash_common.cuh):
-//   K, V [128][D]  +  2 x (Q, dO [64][D])  +  dS^T [128][64]  +  2 x (lse, delta [64] float32)
-//   D = 64: 80.5 KB;  D = 128: 144.5 KB.  One CTA (8 warps) per SM; __launch_bounds__(256, 1).
+//   K, V [128][D]  +  2 x (Q, dO [M][D])  +  dS^T [128][M]  +  2 x (lse, delta [M] float32)
+//   D = 64, M = 128: 130 KB;  D = 128, M = 64: 145 KB.  One CTA (8 warps) per SM.
 // Q, dO, lse and delta are double-buffered with cp.async: query block m + 1 is in flight while
 // block m is computed (the barrier at the top of each iteration proves the other buffer free).
-// Registers per thread: dK, dV 2 x D / 2 fp32 (64 + 64 at D = 128), S^T and dP^T 32 + 32.
+// Registers (nvcc 13.0, sm_90): 255 per thread for both variants, with 20 (D = 128) and 56
+// (D = 64) bytes of spill; accumulators dK, dV 2 x D / 2 fp32, S^T and dP^T 2 x M / 2.
 // Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
 #ifndef FIXED_FLASH_BACKWARD_CUH_
 #define FIXED_FLASH_BACKWARD_CUH_
@@ -70,13 +74,14 @@ namespace fixed_attention {
 namespace kernels {
 namespace flash {
 
-template <int kHeadDim_>
+// kHeadDim: 64 or 128 (E must equal it). kBlockM: query rows per loop iteration, 64 or 128.
+template <int kHeadDim_, int kBlockM_>
 struct BackwardTiling {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockN = 16 * kWarps;  // keys per CTA, 16 per warp
-  static constexpr int kBlockM = 64;           // query rows per loop iteration
+  static constexpr int kBlockM = kBlockM_;     // query rows per loop iteration
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row of Q, K, V, dO
   static constexpr int kKSteps = kHeadDim / 16;  // k-steps of S^T, dP^T
   static constexpr int kNTiles = kBlockM / 8;    // n-tiles of S^T, dP^T (queries)
@@ -96,11 +101,17 @@ struct BackwardTiling {
       2 * (2 * kKVElems + 4 * kQElems + kDsElems) + 2 * 2 * kBlockM * 4;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
-  static_assert(kBlockM == 64, "the dS^T tile's rows are 8 chunks: one swizzle group");
+  static_assert(kBlockM == 64 || kBlockM == 128, "dS^T rows of 8 or 16 chunks (swizzle)");
   static_assert(kWarps % kRowTiles == 0 && kDqTiles % 2 == 0, "whole dQ tiles per warp");
   static_assert(kThreads % kChunks == 0 && 32 % kChunks == 0, "whole rows per copy pass");
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
 };
+
+// The variants the launcher uses (perf/NOTES.md): at D = 64 the S^T and dP^T registers allow
+// 128-row query blocks (half the barriers and fixed costs per FLOP); at D = 128 dK and dV take
+// 128 registers and the query block stays at 64 rows.
+using BackwardTiling64 = BackwardTiling<64, 128>;
+using BackwardTiling128 = BackwardTiling<128, 64>;
 
 // The prologue and dQ kernels: 256 threads, 16-byte accesses.
 constexpr int kRowKernelThreads = 256;
@@ -361,7 +372,7 @@ __global__ void __launch_bounds__(F::kThreads, 1)
         }
       }
 
-      // dV += P^T dO and dK += dS^T Q over the block's 64 queries (4 k-steps).
+      // dV += P^T dO and dK += dS^T Q over the block's BM queries.
 #pragma unroll
       for (int kk = 0; kk < F::kQSteps; ++kk) {  // queries m0 + 16 kk .. + 15
         uint32_t pa[4];
@@ -556,19 +567,22 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
                      T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64:
-      return launch_backward<T, BackwardTiling<64>>(dout, q, k, v, out, lse, lse_log2, delta,
+      return launch_backward<T, BackwardTiling64>(dout, q, k, v, out, lse, lse_log2, delta,
                                                     dq_accum, dq, dk, dv, p, stream);
     case 128:
-      return launch_backward<T, BackwardTiling<128>>(dout, q, k, v, out, lse, lse_log2, delta,
+      return launch_backward<T, BackwardTiling128>(dout, q, k, v, out, lse, lse_log2, delta,
                                                      dq_accum, dq, dk, dv, p, stream);
     default: return false;
   }
 }
 
-// Workspace rows for the head dims the kernel covers (both tilings use 64-row query blocks).
+// Workspace rows for the head dims the kernel covers: whole query blocks of that variant.
 inline int64_t backward_rows(const AttentionProblem& p) {
-  static_assert(BackwardTiling<64>::kBlockM == BackwardTiling<128>::kBlockM, "one padding");
-  return p.head_dim == 64 || p.head_dim == 128 ? padded_rows<BackwardTiling<64>>(p.len_q) : 0;
+  switch (p.head_dim) {
+    case 64: return padded_rows<BackwardTiling64>(p.len_q);
+    case 128: return padded_rows<BackwardTiling128>(p.len_q);
+    default: return 0;
+  }
 }
 
 }  // namespace detail
