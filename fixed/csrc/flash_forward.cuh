@@ -19,8 +19,9 @@
 // tile for both head dims on H100). With 32 rows a warp uses every K and V fragment it reads
 // from shared memory for two mma's, half the shared-memory traffic per FLOP of 16 rows per
 // warp (see perf/NOTES.md). The CTA loops over key blocks of kBlockN keys in shared memory
-// (64 for both head dims; one barrier each), each in softmax steps of kSubN keys
-// (64 for D = 64, 32 for D = 128: what keeps the D = 128 variant under 255 registers):
+// (128 for D = 64, 64 for D = 128; one barrier each), each one softmax step (kSubN = kBlockN).
+// ptxas spills 72 (D = 64) and 88 (D = 128) bytes at these sizes, and they still measured 3-9%
+// faster than half-size steps without spills (perf/NOTES.md, v5):
 //   S  = Q K^T          (kMTiles x kSubN/8 fp32 accumulator fragments per lane)
 //   online softmax on S in registers (log2 domain: s * scale * log2(e), exp2)
 //   P  = bf16/fp16(S)   reused in registers as the A operand, no shared-memory round trip
@@ -79,7 +80,7 @@
 // - output staging (4-byte stores of C fragments): rows g = 0..7 at chunk j go to 8 distinct
 //   chunks, t picks the word: 32 distinct banks.
 // Shared memory per CTA: Q [128][D] + 2 x (K [kBlockN][D] + V [kBlockN][D]):
-//   D = 64: 16 + 2 x 16 KB = 48 KB;   D = 128: 32 + 2 x 32 KB = 96 KB (opt-in above 48 KB).
+//   D = 64: 16 + 2 x 32 KB = 80 KB;   D = 128: 32 + 2 x 32 KB = 96 KB (opt-in above 48 KB).
 //
 // ---------------------------------------------------------------------------- pipeline
 // cp.async.cg 16-byte copies (L2 only, no L1 allocation). Rows past the last row of Q, K or V
@@ -91,8 +92,8 @@
 // in flight while block j is computed. One barrier per key block. The epilogue stages O in the
 // warp's own rows of the Q tile (__syncwarp only); a barrier ends each work item.
 //
-// Registers (nvcc 13.0, sm_90): 251 (D = 128) and 229 (D = 64) per thread, no spills, no
-// stack; __launch_bounds__(128, 2): two CTAs (8 warps) per SM.
+// Registers (nvcc 13.0, sm_90): 255 per thread for both, with 88 (D = 128) and 72 (D = 64) bytes
+// of spill; __launch_bounds__(128, 2): two CTAs (8 warps) per SM.
 // Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
 #ifndef FIXED_FLASH_FORWARD_CUH_
 #define FIXED_FLASH_FORWARD_CUH_
@@ -147,8 +148,8 @@ struct Tiling {
 };
 
 // The variants the launchers use (see perf/NOTES.md for the choice).
-using Tiling64 = Tiling<64, 64, 64, 2>;
-using Tiling128 = Tiling<128, 64, 32, 2>;
+using Tiling64 = Tiling<64, 128, 128, 2>;
+using Tiling128 = Tiling<128, 64, 64, 2>;
 
 // ------------------------------------------------------------------------------ kernel
 
@@ -242,8 +243,8 @@ __global__ void __launch_bounds__(F::kThreads, 2)
       }
       cp_async_commit();  // possibly empty: keeps the group count uniform
 
-      // Not unrolled: ptxas then schedules one step at a time and stays under 255 registers
-      // (unrolled, the D = 128 variant spilled).
+      // One step per block in both shipped tilings; for tilings with several, not unrolled
+      // (unrolled, ptxas scheduled across steps and spilled).
 #pragma unroll 1
       for (int sub = 0; sub < F::kSubBlocks; ++sub) {
         if (block * F::kSubBlocks + sub >= n_steps) {
