@@ -40,13 +40,15 @@
 //   K, V as A (own 16 rows; plain ldmatrix)    Q, dO as B of S^T, dP^T (plain ldmatrix)
 //   Q, dO as B of dK, dV (.trans)              dS^T as A of dQ (.trans)   K as B of dQ (.trans)
 // Every warp reads all of Q and dO twice per iteration: about 300 bytes of shared memory per
-// mma, and the kernel is shared-memory bound (ncu, H200: L1/shared 85% busy, tensor pipe ~40%).
+// mma, and the kernel is shared-memory bound (ncu, H200: L1/shared 85% busy, issue slots 24%).
 // Causal: a key block's loop starts at the query block holding its first key (earlier rows see
 // none of its keys); only query blocks that reach above the diagonal (m0 < n0 + 127) are masked,
 // element by element. Key blocks wholly past the last query row run no loop and write zeros.
 // CTAs take key blocks lowest first: under causal masking those have the most query blocks.
-// Tails: rows of Q, dO past L and of K, V past S are zero-filled in shared memory, and the pad
-// rows' lse is +inf: their P, hence dS, is exactly 0 and nothing NaN or past a tensor is read.
+// Tails, all zero-filled in shared memory (nothing past a tensor's end is read, nothing NaN):
+// rows of Q and dO past L have lse +inf (the padding), so their P, hence dS, is exactly 0; rows
+// of K and V past S have finite P and dS, but their dK and dV rows are never stored and their
+// dS meets zero K rows in dQ.
 //
 // Shared memory, 2-byte elements, XOR-swizzled 16-byte chunks (flash_common.cuh):
 //   K, V [128][D]  +  2 x (Q, dO [M][D])  +  dS^T [128][M]  +  2 x (lse, delta [M] float32)
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(kRowKernelThreads)
 
 // ------------------------------------------------------------------------ kernel 2
 
-// (query, key) at (row, column) offsets: 8-byte load of two consecutive floats from shared.
+// Two consecutive floats from shared memory (8-byte aligned): a lane's lse or delta pair.
 __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t address) {
   float2 value;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
@@ -195,8 +197,9 @@ __device__ __forceinline__ void st_shared_b32(uint32_t address, uint32_t bits) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(bits) : "memory");
 }
 
-// kBlockM floats of each padded row buffer (lse log2(e), delta) into shared memory: threads
-// 0-15 copy lse, threads 16-31 delta, 16 bytes each (the buffers are padded: always in bounds).
+// kBlockM floats of each padded row buffer (lse log2(e), delta) into shared memory: the first
+// kBlockM / 4 threads copy lse, the next kBlockM / 4 delta, 16 bytes each (the buffers are
+// padded: always in bounds).
 template <int kBlockM>
 __device__ __forceinline__ void load_row_stats(uint32_t lse_dst, uint32_t delta_dst,
                                                const float* lse_src, const float* delta_src,
