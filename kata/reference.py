@@ -57,12 +57,13 @@ def _attention64(q, k, v, scale, causal):
     return torch.softmax(_scores64(q, k, scale, causal), dim=-1) @ v
 
 
-def relative_error(result, reference) -> float:
-    """‖result − reference‖ / ‖reference‖ in float64; inf when result has NaN or inf."""
+def relative_error(result, reference, floor: float = 0.0) -> float:
+    """‖result − reference‖ / max(‖reference‖, floor) in float64; inf when result has NaN or
+    inf. `floor` is the scale to measure against where the exact result is (near) zero."""
     result = result.detach().to("cpu", torch.float64)
     if not torch.isfinite(result).all():
         return math.inf
-    denominator = reference.norm().item()
+    denominator = max(reference.norm().item(), floor)
     error = (result - reference).norm().item()
     return error / denominator if denominator > 0 else error
 

@@ -1,10 +1,11 @@
-"""What the GPU test files share: the fixed/ package with its CUDA kernels, input helpers, and
-compute-sanitizer (find it, run a script under one of its tools)."""
+"""What the GPU test files share: the fixed/ package with its CUDA kernels, seeds that replay,
+input helpers, and compute-sanitizer (its tools, find it, run a script under one of them)."""
 
 from __future__ import annotations
 
 import math
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,26 @@ def fixed_with_cuda_kernels():
     return fixed
 
 
+def seed_fixture(variable: str):
+    """A `seed` fixture: a fresh seed for each test, or the one in `variable` to replay a failure.
+    A test file binds it as `seed = seed_fixture(...)`; pytest finds it under that name."""
+
+    @pytest.fixture
+    def seed() -> int:
+        return int(os.environ.get(variable, secrets.randbelow(2**31)))
+
+    return seed
+
+
+def replay_hint(variable: str, test_file: str):
+    """replay(seed): the end of a failure message, saying how to rerun `test_file` on that seed."""
+
+    def replay(seed: int) -> str:
+        return f"seed {seed}; replay: {variable}={seed} python -m pytest {test_file}"
+
+    return replay
+
+
 def dtype_id(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -61,6 +82,24 @@ def lse_error(lse, reference) -> float:
 def randn(shape, dtype, generator, device="cuda"):
     """Standard normal values (never zeros), drawn in float32 on the CPU, then cast and moved."""
     return torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
+
+
+def make_inputs(lead, len_q, len_kv, head_dim, dtype, generator, device="cuda"):
+    """q (*lead, L, E), k and v (*lead, S, E), drawn in that order."""
+    return (
+        randn((*lead, len_q, head_dim), dtype, generator, device),
+        randn((*lead, len_kv, head_dim), dtype, generator, device),
+        randn((*lead, len_kv, head_dim), dtype, generator, device),
+    )
+
+
+# (tool, the line of its output that says it found nothing): synccheck too, for the barriers
+# around the tensor-core kernels' shared-memory buffers.
+TENSOR_CORE_SANITIZER_TOOLS = [
+    ("memcheck", "ERROR SUMMARY: 0 errors"),
+    ("racecheck", "RACECHECK SUMMARY: 0 hazards displayed"),
+    ("synccheck", "ERROR SUMMARY: 0 errors"),
+]
 
 
 def find_compute_sanitizer() -> str | None:

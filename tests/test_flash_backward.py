@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import secrets
 import textwrap
 
 import pytest
@@ -19,12 +17,15 @@ import torch
 from kata.reference import TOLERANCE, attention_with_grads, relative_error
 from tests.cuda_support import (
     NEEDS_CUDA,
+    TENSOR_CORE_SANITIZER_TOOLS,
     dtype_id,
     find_compute_sanitizer,
     fixed_with_cuda_kernels,
     poison_allocator,
     randn,
+    replay_hint,
     run_clean,
+    seed_fixture,
 )
 
 try:
@@ -54,18 +55,9 @@ CASES = [
 BACKWARD_KERNEL = "flash_backward_kernel"
 
 
-@pytest.fixture(scope="module")
-def fixed():
-    return fixed_with_cuda_kernels()
-
-
-@pytest.fixture
-def seed() -> int:
-    return int(os.environ.get("FLASH_SEED", secrets.randbelow(2**31)))
-
-
-def replay(seed: int) -> str:
-    return f"seed {seed}; replay: FLASH_SEED={seed} python -m pytest {__file__}"
+fixed = pytest.fixture(fixed_with_cuda_kernels, scope="module", name="fixed")
+seed = seed_fixture("FLASH_SEED")
+replay = replay_hint("FLASH_SEED", __file__)
 
 
 def make_inputs(lead, len_q, len_kv, head_dim, dtype, generator):
@@ -267,14 +259,7 @@ SANITIZER_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(
-    ("tool", "clean"),
-    [
-        ("memcheck", "ERROR SUMMARY: 0 errors"),
-        ("racecheck", "RACECHECK SUMMARY: 0 hazards displayed"),
-        ("synccheck", "ERROR SUMMARY: 0 errors"),
-    ],
-)
+@pytest.mark.parametrize(("tool", "clean"), TENSOR_CORE_SANITIZER_TOOLS)
 def test_compute_sanitizer_on_the_tensor_core_backward(fixed, tmp_path, tool, clean):
     sanitizer = find_compute_sanitizer()
     if sanitizer is None:
