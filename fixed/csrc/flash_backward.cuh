@@ -44,7 +44,11 @@
 // Causal: a key block's loop starts at the query block holding its first key (earlier rows see
 // none of its keys); only query blocks that reach above the diagonal (m0 < n0 + 127) are masked,
 // element by element. Key blocks wholly past the last query row run no loop and write zeros.
-// CTAs take key blocks lowest first: under causal masking those have the most query blocks.
+// Work items (batch item, key block) go out in blockIdx order, and the block scheduler starts
+// them about in that order. Causal: key block n has the most query blocks when n is lowest, so
+// items go longest first over the whole grid: every batch item's first key block, then every
+// item's second, and so on (flash_forward.cuh says why; 5% faster at S = 4096, perf/NOTES.md).
+// Non-causal: batch-major, one batch item's key blocks together (K, V, Q and dO shared in L2).
 // Tails, all zero-filled in shared memory (nothing past a tensor's end is read, nothing NaN):
 // rows of Q and dO past L have lse +inf (the padding), so their P, hence dS, is exactly 0; rows
 // of K and V past S have finite P and dS, but their dK and dV rows are never stored and their
@@ -269,8 +273,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
   const float scale_log2 = p.scale * kLog2e;
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
-    const int64_t b = item / key_blocks;
-    const int64_t n0 = (item % key_blocks) * BN;  // lowest first: the longest loops (causal)
+    const int64_t b = p.causal ? item % p.batch : item / key_blocks;
+    const int64_t n0 = (p.causal ? item / p.batch : item % key_blocks) * BN;
     const int64_t kv_b = b * S * D;
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
     const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;

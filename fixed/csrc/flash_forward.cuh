@@ -33,8 +33,13 @@
 // 32 (D = 64) or 64 (D = 128) more registers than there are.
 // Causal: key blocks wholly after the CTA's last row are never loaded, steps past it never
 // computed; only steps that cross the diagonal (or the end of the keys) are masked, element by
-// element. Work items (batch item, row block) are ordered heaviest row block first within a
-// batch item, and all row blocks of one batch item are adjacent: they share its K and V in L2.
+// element. Work items (batch item, row block) go out in blockIdx order, and the block scheduler
+// starts them about in that order. Causal row blocks differ in cost (row block m sees m + 1 key
+// blocks), so they go longest first over the whole grid: every batch item's last row block, then
+// every item's second-to-last, and so on, so that the last wave holds the shortest items. A
+// list-scheduling model put the batch-major order 15% over the ideal at S = 4096 and this one
+// 1%; it measured 8-11% faster (perf/NOTES.md, v6). Non-causal items cost the same: batch-major,
+// so that one batch item's row blocks run together and share its K and V in L2.
 //
 // --------------------------------------------------------------- fragments (PTX ISA 9.7.14)
 // lane = 0..31, g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group).
@@ -196,8 +201,9 @@ __global__ void __launch_bounds__(F::kThreads, 2)
   const float scale_log2 = p.scale * kLog2e;
 
   for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
-    const int64_t b = item / row_blocks;
-    const int64_t m0 = (row_blocks - 1 - item % row_blocks) * F::kBlockM;  // heaviest first
+    const int64_t b = p.causal ? item % p.batch : item / row_blocks;
+    const int64_t rank = p.causal ? item / p.batch : item % row_blocks;  // 0: the longest
+    const int64_t m0 = (row_blocks - 1 - rank) * F::kBlockM;
     const int64_t kv_b = b * S * D;  // batch item b's K and V, as an offset: one register pair
     // Keys this CTA's rows can see: causal rows m0..min(m0 + kBlockM, L) - 1 stop there.
     const int64_t key_end = p.causal ? min64(S, min64(m0 + F::kBlockM, L)) : S;
