@@ -161,14 +161,15 @@ def _poisoned_context() -> str | None:
     return None
 
 
-def valid_call_works(ctx, shape=(2, 64, 64)) -> str | None:
-    """The control of every input probe: None if a valid float32 call gives the reference result,
-    else what went wrong. Loud answers count only while this holds: an implementation that
-    raises on everything would otherwise pass every input probe."""
-    name = f"a valid float32 {tuple(shape)} call"
+def valid_call_works(ctx, shape=(2, 64, 64), device=None) -> str | None:
+    """The control of every input probe: None if a valid float32 call (on `device`, else the
+    probe's device) gives the reference result, else what went wrong. Loud answers count only
+    while this holds: an implementation that raises on everything would otherwise pass every
+    input probe."""
+    name = f"a valid float32 {tuple(shape)} call" + (f" on {device}" if device else "")
     ctx.report_case(name)
     try:
-        inputs = ctx.inputs(*shape)
+        inputs = ctx.inputs(*shape, device=device)
         result = ctx.fast_attention(*inputs)
     except Exception as error:
         return f"{name} raised {_first_line(error)}: refusing valid input is not loud, it is wrong"
@@ -521,7 +522,7 @@ def probe_int32_sizes(ctx: ProbeContext) -> Verdict:
         # the last batch item lies past 2^31 elements
         expected=_SampledRows([0, batch // 2, batch - 1], list(range(0, length, 7))),
     )
-    return _verdict([outcome])
+    return _verdict([outcome], control=valid_call_works(ctx, device="cuda"))
 
 
 class _SampledRows:

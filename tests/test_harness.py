@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from kata import FLAWED_DIR, REPO_ROOT, KataError, builders, shipped
 from kata.catalog import CATALOG
@@ -136,6 +137,20 @@ def test_refusing_everything_is_not_loud(candidate):
     for flaw_id, (status, evidence) in statuses(review).items():
         assert status == "present", (flaw_id, evidence)
         assert "a valid float32 (2, 64, 64) call raised ValueError" in evidence, evidence
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_refusing_every_cuda_call_is_not_loud_about_sizes(candidate):
+    """The same control on the GPU: raising about sizes on every call does not fix int32-sizes."""
+    impl = candidate(
+        "def fast_attention(q, k, v):\n"
+        "    raise ValueError('int32 overflow: tensor size too large')\n"
+    )
+    review = run_review(impl, only=["int32-sizes"])
+    status, evidence = statuses(review)["int32-sizes"]
+    assert status == "present", evidence
+    assert "a valid float32 (2, 64, 64) call on cuda raised ValueError" in evidence, evidence
 
 
 def test_review_grades_a_candidates_edit(candidate):
