@@ -125,6 +125,35 @@ def test_gradients_match_the_generic_float32_kernels(fixed, seed, dtype, head_di
                 assert error <= TOLERANCE[dtype], f"vs float32 kernels: {name} {error:.2e}: {where}"
 
 
+def test_long_causal_batches_in_batch_major_order(fixed, seed):
+    """Causal work goes longest first over the grid only while the streamed tensors (K and V
+    forward, Q and dO backward) fit in about 3 L2 sizes (flash_common.cuh, longest_first_pays);
+    the cases above all do. This one streams 4 L2 sizes, so both launchers take batch-major
+    order: output and gradients must agree with the generic float32 kernels there too."""
+    generator = torch.Generator().manual_seed(seed)
+    head_dim, length = 128, 8192
+    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    batch = -(-4 * l2_bytes // (length * head_dim * 2 * 2))  # two 2-byte tensors of (B, S, D)
+    q, k, v, grad = make_inputs((batch,), length, length, head_dim, torch.bfloat16, generator)
+    scale = 1.0 / math.sqrt(head_dim)
+    where = f"bf16 q{list(q.shape)} causal; {replay(seed)}"
+    out, _ = torch.ops.fixed_attention.attention_forward(q, k, v, scale, True)
+    out32, _ = torch.ops.fixed_attention.attention_forward(
+        q.float(), k.float(), v.float(), scale, True
+    )
+    grads = backward(q, k, v, grad, scale, True)
+    grads32 = backward(q.float(), k.float(), v.float(), grad.float(), scale, True)
+    for name, got, ref in zip(
+        ("out", "dq", "dk", "dv"), (out, *grads), (out32, *grads32), strict=True
+    ):
+        # On the GPU: the float64 copies of these on the host would take gigabytes.
+        error = ((got.float() - ref).norm() / ref.norm()).item()
+        with check:
+            assert error <= TOLERANCE[torch.bfloat16], (
+                f"vs float32 kernels: {name} {error:.2e}: {where}"
+            )
+
+
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_views_and_other_scales_through_autograd(fixed, seed, dtype, head_dim):

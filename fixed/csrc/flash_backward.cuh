@@ -46,9 +46,10 @@
 // element by element. Key blocks wholly past the last query row run no loop and write zeros.
 // Work items (batch item, key block) go out in blockIdx order, and the block scheduler starts
 // them about in that order. Causal: key block n has the most query blocks when n is lowest, so
-// items go longest first over the whole grid: every batch item's first key block, then every
-// item's second, and so on (flash_forward.cuh says why; 5% faster at S = 4096, perf/NOTES.md).
-// Non-causal: batch-major, one batch item's key blocks together (K, V, Q and dO shared in L2).
+// where it pays (flash_common.cuh, longest_first_pays) items go longest first over the whole
+// grid: every batch item's first key block, then every item's second, and so on (5% faster at
+// S = 4096, perf/NOTES.md v6). Otherwise batch-major, lowest key block first: one batch item's
+// key blocks together (its Q and dO shared in L2).
 // Tails, all zero-filled in shared memory (nothing past a tensor's end is read, nothing NaN):
 // rows of Q and dO past L have lse +inf (the padding), so their P, hence dS, is exactly 0; rows
 // of K and V past S have finite P and dS, but their dK and dV rows are never stored and their
@@ -227,7 +228,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                           float* __restrict__ dq_accum,          // (B, Lp, D)
                           T* __restrict__ dk,                    // (B, S, D)
                           T* __restrict__ dv,                    // (B, S, D)
-                          const AttentionProblem p, const int64_t rows_padded) {
+                          const AttentionProblem p, const int64_t rows_padded,
+                          const bool longest_first) {  // causal work order (see the launcher)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int D = F::kHeadDim, BM = F::kBlockM, BN = F::kBlockN;
   constexpr int kNTiles = F::kNTiles, kDTiles = F::kDTiles, kDqTiles = F::kDqTiles;
@@ -273,8 +275,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
   const float scale_log2 = p.scale * kLog2e;
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
-    const int64_t b = p.causal ? item % p.batch : item / key_blocks;
-    const int64_t n0 = (p.causal ? item / p.batch : item % key_blocks) * BN;
+    const int64_t b = longest_first ? item % p.batch : item / key_blocks;
+    const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
     const int64_t kv_b = b * S * D;
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
     const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
@@ -538,8 +540,10 @@ void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
   }
   auto* kernel = flash_backward_kernel<T, F>;
   kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
-  kernel<<<kernels::detail::grid_for(p.batch * ceil_div(p.len_kv, F::kBlockN)), F::kThreads,
-           F::kSmemBytes, stream>>>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows);
+  const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN);
+  const bool longest_first = p.causal && longest_first_pays(p.batch, p.len_q, p.head_dim);  // Q, dO
+  kernel<<<kernels::detail::grid_for(work), F::kThreads, F::kSmemBytes, stream>>>(
+      q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows, longest_first);
   if (cudaPeekAtLastError() != cudaSuccess) {
     return;
   }

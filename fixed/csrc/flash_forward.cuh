@@ -35,11 +35,11 @@
 // computed; only steps that cross the diagonal (or the end of the keys) are masked, element by
 // element. Work items (batch item, row block) go out in blockIdx order, and the block scheduler
 // starts them about in that order. Causal row blocks differ in cost (row block m sees m + 1 key
-// blocks), so they go longest first over the whole grid: every batch item's last row block, then
-// every item's second-to-last, and so on, so that the last wave holds the shortest items. A
-// list-scheduling model put the batch-major order 15% over the ideal at S = 4096 and this one
-// 1%; it measured 8-11% faster (perf/NOTES.md, v6). Non-causal items cost the same: batch-major,
-// so that one batch item's row blocks run together and share its K and V in L2.
+// blocks), so where it pays (flash_common.cuh, longest_first_pays) they go longest first over
+// the whole grid: every batch item's last row block, then every item's second-to-last, and so
+// on, so that the last wave holds the shortest items (8-11% faster at S = 4096, perf/NOTES.md
+// v6). Otherwise, and without causal masking (all items cost the same), batch-major, heaviest
+// row block first: one batch item's row blocks run together and share its K and V in L2.
 //
 // --------------------------------------------------------------- fragments (PTX ISA 9.7.14)
 // lane = 0..31, g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group).
@@ -165,7 +165,8 @@ __global__ void __launch_bounds__(F::kThreads, 2)
                          const T* __restrict__ v,  // (B, S, D)
                          T* __restrict__ out,      // (B, L, D)
                          float* __restrict__ lse,  // (B, L)
-                         const AttentionProblem p) {
+                         const AttentionProblem p,
+                         const bool longest_first) {  // causal work order (see the launcher)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int D = F::kHeadDim;
   constexpr int kMTiles = F::kMTiles, kNTiles = F::kNTiles, kDTiles = F::kDTiles;
@@ -201,8 +202,8 @@ __global__ void __launch_bounds__(F::kThreads, 2)
   const float scale_log2 = p.scale * kLog2e;
 
   for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
-    const int64_t b = p.causal ? item % p.batch : item / row_blocks;
-    const int64_t rank = p.causal ? item / p.batch : item % row_blocks;  // 0: the longest
+    const int64_t b = longest_first ? item % p.batch : item / row_blocks;
+    const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
     const int64_t m0 = (row_blocks - 1 - rank) * F::kBlockM;
     const int64_t kv_b = b * S * D;  // batch item b's K and V, as an offset: one register pair
     // Keys this CTA's rows can see: causal rows m0..min(m0 + kBlockM, L) - 1 stop there.
@@ -483,8 +484,9 @@ bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const Attent
     return true;  // empty: nothing to launch (a zero-sized grid is an invalid launch)
   }
   kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
-  kernel<<<kernels::detail::grid_for(work), F::kThreads, F::kSmemBytes, stream>>>(q, k, v, out,
-                                                                                  lse, p);
+  const bool longest_first = p.causal && longest_first_pays(p.batch, p.len_kv, p.head_dim);  // K, V
+  kernel<<<kernels::detail::grid_for(work), F::kThreads, F::kSmemBytes, stream>>>(
+      q, k, v, out, lse, p, longest_first);
   return true;
 }
 
