@@ -40,7 +40,9 @@
 //   K, V as A (own 16 rows; plain ldmatrix)    Q, dO as B of S^T, dP^T (plain ldmatrix)
 //   Q, dO as B of dK, dV (.trans)              dS^T as A of dQ (.trans)   K as B of dQ (.trans)
 // Every warp reads all of Q and dO twice per iteration: about 300 bytes of shared memory per
-// mma, and the kernel is shared-memory bound (ncu, H200: L1/shared 85% busy, issue slots 24%).
+// mma. What bounds it is the latency of those loads at two warps per scheduler (ncu, H200, D = 64:
+// L1/shared 77% busy, issue slots about 27%, 37% of the stall cycles waiting on shared-memory
+// loads); changes that cut the bytes but cost registers were slower (perf/NOTES.md, v7).
 // Causal: a key block's loop starts at the query block holding its first key (earlier rows see
 // none of its keys); only query blocks that reach above the diagonal (m0 < n0 + 127) are masked,
 // element by element. Key blocks wholly past the last query row run no loop and write zeros.
