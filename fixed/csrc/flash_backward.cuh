@@ -25,24 +25,30 @@
 //
 // ---------------------------------------------------------------------- the main kernel
 // 8 warps; warp w owns keys [16 w, 16 w + 16) of the CTA's block, so that it computes the
-// TRANSPOSED scores, keys as the M dimension (M = kBlockM queries per iteration):
-//   S^T  = K Q^T     dP^T = V dO^T        (16 keys x M queries per warp: M / 8 n-tiles each)
+// TRANSPOSED scores, keys as the M dimension, for each slice of R = kSliceRows queries of the
+// block of kBlockM (D = 64: 4 slices of 32; D = 128: 4 slices of 16):
+//   S^T  = K Q^T     dP^T = V dO^T        (16 keys x R queries per warp: R / 8 n-tiles each)
 //   P^T  = exp2(S^T scale log2(e) - lse log2(e))   dS^T = P^T (dP^T - delta)   in registers
-//   dV  += P^T dO    dK  += dS^T Q        (k = the M queries; N = the head dim)
+//   dV  += P^T dO    dK  += dS^T Q        (k = the R queries; N = the head dim)
+// The A fragments of K and V (the warp's 16 rows, all of D) are the same for every query
+// block: they are taken once per work item and held in registers (8 x 4, D = 64; 16 x 4, D =
+// 128). Slices keep S^T and dP^T at 2 x R / 2 registers, which is what makes room for them.
 // The C fragments of P^T and dS^T are, packed in pairs, the A fragments of the dV and dK
 // products (the identity the forward uses for P V), so P and dS never touch shared memory for
 // dV and dK. dQ = dS K needs dS with queries as rows, spread over all 8 warps: each warp stores
-// its dS^T (bf16/fp16) to a shared tile, a barrier, then each warp computes one 16-row m-tile
-// of dQ over a slice of the head dim (M = 64: 4 m-tiles x 2 halves of D; M = 128: 8 m-tiles x
-// all of D) over all 128 keys, reading dS by ldmatrix.trans, and adds its float32 fragments to
-// the global accumulator with red.global.add (vector v2 on sm_90). Two barriers per iteration.
-// Operands from shared memory:
-//   K, V as A (own 16 rows; plain ldmatrix)    Q, dO as B of S^T, dP^T (plain ldmatrix)
-//   Q, dO as B of dK, dV (.trans)              dS^T as A of dQ (.trans)   K as B of dQ (.trans)
-// Every warp reads all of Q and dO twice per iteration: about 300 bytes of shared memory per
-// mma. What bounds it is the latency of those loads at two warps per scheduler (ncu, H200, D = 64:
-// L1/shared 77% busy, issue slots about 27%, 37% of the stall cycles waiting on shared-memory
-// loads); changes that cut the bytes but cost registers were slower (perf/NOTES.md, v7).
+// its dS^T (bf16/fp16) to a shared tile slice by slice, a barrier, then each warp computes one
+// 16-row m-tile of dQ over part of the head dim (kBlockM = 64: 4 m-tiles x 2 halves of D;
+// 128: 8 m-tiles x all of D) over all 128 keys, reading dS by ldmatrix.trans, and adds its
+// float32 fragments to the global accumulator with red.global.add (vector v2 on sm_90). Two
+// barriers per iteration. Operands from shared memory:
+//   Q, dO as B of S^T, dP^T (plain ldmatrix)   Q, dO as B of dK, dV (.trans)
+//   dS^T as A of dQ (.trans)                   K as B of dQ (.trans)
+// Every warp reads all of Q and dO twice per iteration. What bounds the kernel is the latency
+// of those loads at two warps per scheduler (ncu, H200, D = 64, before the K and V fragments
+// moved to registers: L1/shared 77% busy, issue slots about 27%, 37% of the stall cycles
+// waiting on shared-memory loads). Loads per iteration and warp (ldmatrix.x4, D = 64): 64 for
+// S^T and dP^T, 64 for dV and dK, 40 for dQ. Holding the K and V fragments saved 8 of 176,
+// and 9% of the time at D = 64, 7% at D = 128 (perf/NOTES.md, v8).
 // Causal: a key block's loop starts at the query block holding its first key (earlier rows see
 // none of its keys); only query blocks that reach above the diagonal (m0 < n0 + 127) are masked,
 // element by element. Key blocks wholly past the last query row run no loop and write zeros.
@@ -57,13 +63,14 @@
 // of K and V past S have finite P and dS, but their dK and dV rows are never stored and their
 // dS meets zero K rows in dQ.
 //
-// Shared memory, 2-byte elements, XOR-swizzled 16-byte chunks (flash_common.cuh):
+// Shared memory, 2-byte elements, XOR-swizzled 16-byte chunks (flash_common.cuh), M = kBlockM:
 //   K, V [128][D]  +  2 x (Q, dO [M][D])  +  dS^T [128][M]  +  2 x (lse, delta [M] float32)
 //   D = 64, M = 128: 130 KB;  D = 128, M = 64: 145 KB.  One CTA (8 warps) per SM.
 // Q, dO, lse and delta are double-buffered with cp.async: query block m + 1 is in flight while
 // block m is computed (the barrier at the top of each iteration proves the other buffer free).
-// Registers (nvcc 13.0, sm_90): 255 per thread for both variants, with 20 (D = 128) and 56
-// (D = 64) bytes of spill; accumulators dK, dV 2 x D / 2 fp32, S^T and dP^T 2 x M / 2.
+// Registers (nvcc 13.0, sm_90): 255 per thread for both variants, with 20 (D = 64) and 60
+// (D = 128) bytes of spill; accumulators dK, dV 2 x D / 2 fp32, S^T and dP^T 2 x R / 2, the K
+// and V fragments D / 2.
 // Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
 #ifndef FIXED_FLASH_BACKWARD_CUH_
 #define FIXED_FLASH_BACKWARD_CUH_
@@ -84,17 +91,19 @@ namespace kernels {
 namespace flash {
 
 // kHeadDim: 64 or 128 (E must equal it). kBlockM: query rows per loop iteration, 64 or 128.
-template <int kHeadDim_, int kBlockM_>
+// kSliceRows: query rows per slice, the unit in which S^T, dP^T, P^T and dS^T live in registers.
+template <int kHeadDim_, int kBlockM_, int kSliceRows_>
 struct BackwardTiling {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockN = 16 * kWarps;  // keys per CTA, 16 per warp
   static constexpr int kBlockM = kBlockM_;     // query rows per loop iteration
+  static constexpr int kSliceRows = kSliceRows_;
+  static constexpr int kSlices = kBlockM / kSliceRows;
+  static constexpr int kSliceTiles = kSliceRows / 8;  // n-tiles of S^T, dP^T per slice
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row of Q, K, V, dO
   static constexpr int kKSteps = kHeadDim / 16;  // k-steps of S^T, dP^T
-  static constexpr int kNTiles = kBlockM / 8;    // n-tiles of S^T, dP^T (queries)
-  static constexpr int kQSteps = kBlockM / 16;   // k-steps of dV, dK (queries)
   static constexpr int kDTiles = kHeadDim / 8;   // n-tiles of dV, dK
   // dQ: warp w takes m-tile w % kRowTiles and column group w / kRowTiles.
   static constexpr int kRowTiles = kBlockM / 16;
@@ -111,16 +120,17 @@ struct BackwardTiling {
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
   static_assert(kBlockM == 64 || kBlockM == 128, "dS^T rows of 8 or 16 chunks (swizzle)");
+  static_assert(kSliceRows % 16 == 0 && kBlockM % kSliceRows == 0, "whole k-steps per slice");
   static_assert(kWarps % kRowTiles == 0 && kDqTiles % 2 == 0, "whole dQ tiles per warp");
   static_assert(kThreads % kChunks == 0 && 32 % kChunks == 0, "whole rows per copy pass");
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
 };
 
-// The variants the launcher uses (perf/NOTES.md): at D = 64 the S^T and dP^T registers allow
-// 128-row query blocks (half the barriers and fixed costs per FLOP); at D = 128 dK and dV take
-// 128 registers and the query block stays at 64 rows.
-using BackwardTiling64 = BackwardTiling<64, 128>;
-using BackwardTiling128 = BackwardTiling<128, 64>;
+// The variants the launcher uses (perf/NOTES.md, v5 and v8): at D = 64, 128-row query blocks
+// (half the barriers and fixed costs per FLOP) in slices of 32; at D = 128, dK and dV take 128
+// registers, and the K and V fragments 64 more: 64-row query blocks in slices of 16.
+using BackwardTiling64 = BackwardTiling<64, 128, 32>;
+using BackwardTiling128 = BackwardTiling<128, 64, 16>;
 
 // The prologue and dQ kernels: 256 threads, 16-byte accesses.
 constexpr int kRowKernelThreads = 256;
@@ -234,7 +244,7 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                           const bool longest_first) {  // causal work order (see the launcher)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int D = F::kHeadDim, BM = F::kBlockM, BN = F::kBlockN;
-  constexpr int kNTiles = F::kNTiles, kDTiles = F::kDTiles, kDqTiles = F::kDqTiles;
+  constexpr int kSliceTiles = F::kSliceTiles, kDTiles = F::kDTiles, kDqTiles = F::kDqTiles;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ uint4 flash_smem[];  // 16-byte aligned
   const uint32_t k_tile = smem_addr(flash_smem);
@@ -285,9 +295,11 @@ __global__ void __launch_bounds__(F::kThreads, 1)
     // Fits an int: L rows of D 2-byte elements are in device memory.
     const int n_iters = m_begin < L ? static_cast<int>(ceil_div(L - m_begin, BM)) : 0;
 
-    // Prologue: K, V of this key block; Q, dO, lse, delta of the first query block.
+    // Prologue: K, V of this key block (one group), then Q, dO, lse, delta of the first query
+    // block (another), so that the K and V fragments can be taken while the second is in flight.
     load_tile<F, BN>(k_tile, k + kv_b + n0 * D, S - n0, tid);
     load_tile<F, BN>(v_tile, v + kv_b + n0 * D, S - n0, tid);
+    cp_async_commit();
     if (n_iters > 0) {
       load_tile<F, BM>(q_tiles, q + (b * L + m_begin) * D, L - m_begin, tid);
       load_tile<F, BM>(do_tiles, dout + (b * L + m_begin) * D, L - m_begin, tid);
@@ -295,6 +307,19 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                          delta + b * rows_padded + m_begin, tid);
     }
     cp_async_commit();
+
+    // The A fragments of this warp's 16 keys of K and V over the whole head dim, held in
+    // registers for the whole work item: every query block multiplies by them.
+    cp_async_wait<1>();
+    __syncthreads();
+    uint32_t k_frag[F::kKSteps][4];
+    uint32_t v_frag[F::kKSteps][4];
+#pragma unroll
+    for (int ks = 0; ks < F::kKSteps; ++ks) {  // d = 16 ks .. + 15
+      const uint32_t pair = static_cast<uint32_t>(2 * ks);
+      ldmatrix_x4(k_frag[ks], k_a_lane + ((a_chunk ^ pair) << 4));
+      ldmatrix_x4(v_frag[ks], v_a_lane + ((a_chunk ^ pair) << 4));
+    }
 
     float dk_acc[kDTiles][4];
     float dv_acc[kDTiles][4];
@@ -328,96 +353,95 @@ __global__ void __launch_bounds__(F::kThreads, 1)
       }
       cp_async_commit();  // possibly empty: keeps the group count uniform
 
-      // S^T = K Q^T and dP^T = V dO^T: s[j], dp[j] are the 16x8 tiles of this warp's keys and
-      // queries m0 + 8 j.
-      float s[kNTiles][4];
-      float dp[kNTiles][4];
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[j][e] = 0.f;
-          dp[j][e] = 0.f;
-        }
-      }
-#pragma unroll
-      for (int ks = 0; ks < F::kKSteps; ++ks) {  // d = 16 ks .. + 15
-        const uint32_t pair = static_cast<uint32_t>(2 * ks);
-        uint32_t ka[4];
-        uint32_t va[4];
-        ldmatrix_x4(ka, k_a_lane + ((a_chunk ^ pair) << 4));
-        ldmatrix_x4(va, v_a_lane + ((a_chunk ^ pair) << 4));
-#pragma unroll
-        for (int np = 0; np < kNTiles / 2; ++np) {  // queries m0 + 16 np .. + 15
-          const uint32_t row = b_row + np * 16 * D * 2 + ((b_chunk ^ pair) << 4);
-          uint32_t qb[4];
-          ldmatrix_x4(qb, q_buf + row);
-          mma_16816<T>(s[2 * np], ka, qb[0], qb[1]);
-          mma_16816<T>(s[2 * np + 1], ka, qb[2], qb[3]);
-          uint32_t ob[4];
-          ldmatrix_x4(ob, do_buf + row);
-          mma_16816<T>(dp[2 * np], va, ob[0], ob[1]);
-          mma_16816<T>(dp[2 * np + 1], va, ob[2], ob[3]);
-        }
-      }
-
-      // P^T and dS^T in place. Element e of tile j: key n0 + key_row0 + g + 8 (e >> 1),
-      // query m0 + 8 j + 2 t + (e & 1).
+      // Causal: only blocks reaching above the diagonal are masked, element by element.
       const bool diagonal = p.causal && m0 < n0 + BN - 1;  // uniform over the CTA
-      // Query - key at element (0, 0) of tile 0; |.| < BM + BN whenever diagonal is true.
+      // Query - key at element (0, 0) of the block; |.| < BM + BN whenever diagonal is true.
       const int diag = diagonal ? static_cast<int>(m0 - n0) - key_row0 : 0;
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-        const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * j + 2 * t) * 4);
-        const float2 dl = ld_shared_f32x2(delta_buf + (8 * j + 2 * t) * 4);
+      for (int slice = 0; slice < F::kSlices; ++slice) {  // queries m0 + kSliceRows slice ..
+        // S^T = K Q^T and dP^T = V dO^T: s[j], dp[j] are the 16x8 tiles of this warp's keys and
+        // the slice's queries 8 j ..
+        float s[kSliceTiles][4];
+        float dp[kSliceTiles][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float row_lse = (e & 1) ? lse2.y : lse2.x;
-          const float row_delta = (e & 1) ? dl.y : dl.x;
-          float prob = exp2_approx(fmaf(s[j][e], scale_log2, -row_lse));
-          if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
-            prob = 0.f;  // query before key
+        for (int j = 0; j < kSliceTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[j][e] = 0.f;
+            dp[j][e] = 0.f;
           }
-          s[j][e] = prob;
-          dp[j][e] = prob * (dp[j][e] - row_delta);
         }
-      }
-
-      // dV += P^T dO and dK += dS^T Q over the block's BM queries.
 #pragma unroll
-      for (int kk = 0; kk < F::kQSteps; ++kk) {  // queries m0 + 16 kk .. + 15
-        uint32_t pa[4];
-        uint32_t da[4];
-        pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-        pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-        pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        da[0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
-        da[1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
-        da[2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-        da[3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+        for (int ks = 0; ks < F::kKSteps; ++ks) {  // d = 16 ks .. + 15
 #pragma unroll
-        for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {  // d = 16 dp2 .. + 15
-          const uint32_t row =
-              trans_row + kk * 16 * D * 2 + ((a_chunk ^ static_cast<uint32_t>(2 * dp2)) << 4);
-          uint32_t ob[4];
-          ldmatrix_x4_trans(ob, do_buf + row);
-          mma_16816<T>(dv_acc[2 * dp2], pa, ob[0], ob[1]);
-          mma_16816<T>(dv_acc[2 * dp2 + 1], pa, ob[2], ob[3]);
-          uint32_t qb[4];
-          ldmatrix_x4_trans(qb, q_buf + row);
-          mma_16816<T>(dk_acc[2 * dp2], da, qb[0], qb[1]);
-          mma_16816<T>(dk_acc[2 * dp2 + 1], da, qb[2], qb[3]);
+          for (int np = 0; np < kSliceTiles / 2; ++np) {  // the slice's queries 16 np .. + 15
+            const uint32_t row = b_row + (slice * F::kSliceRows + np * 16) * D * 2 +
+                                 ((b_chunk ^ static_cast<uint32_t>(2 * ks)) << 4);
+            uint32_t qb[4];
+            ldmatrix_x4(qb, q_buf + row);
+            mma_16816<T>(s[2 * np], k_frag[ks], qb[0], qb[1]);
+            mma_16816<T>(s[2 * np + 1], k_frag[ks], qb[2], qb[3]);
+            uint32_t ob[4];
+            ldmatrix_x4(ob, do_buf + row);
+            mma_16816<T>(dp[2 * np], v_frag[ks], ob[0], ob[1]);
+            mma_16816<T>(dp[2 * np + 1], v_frag[ks], ob[2], ob[3]);
+          }
         }
-      }
 
-      // dS^T to shared memory: key rows key_row0 + g + 8 h, query columns 8 j + 2 t, + 1.
+        // P^T and dS^T in place, and dS^T (bf16/fp16) to shared memory for dQ. Element e of
+        // tile j: key n0 + key_row0 + g + 8 (e >> 1), query m0 + 8 qt + 2 t + (e & 1), where
+        // qt = kSliceTiles slice + j is the tile's place in the block.
 #pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
+        for (int j = 0; j < kSliceTiles; ++j) {
+          const int qt = slice * kSliceTiles + j;
+          const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * qt + 2 * t) * 4);
+          const float2 dl = ld_shared_f32x2(delta_buf + (8 * qt + 2 * t) * 4);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t offset = swizzled<BM>(key_row0 + g + 8 * h, j) + 4 * t;
-          st_shared_b32(ds_tile + offset, pack2<T>(dp[j][2 * h], dp[j][2 * h + 1]));
+          for (int e = 0; e < 4; ++e) {
+            const float row_lse = (e & 1) ? lse2.y : lse2.x;
+            const float row_delta = (e & 1) ? dl.y : dl.x;
+            float prob = exp2_approx(fmaf(s[j][e], scale_log2, -row_lse));
+            if (diagonal && diag + 8 * qt + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
+              prob = 0.f;  // query before key
+            }
+            s[j][e] = prob;
+            dp[j][e] = prob * (dp[j][e] - row_delta);
+          }
+          // Key rows key_row0 + g + 8 h, query columns 8 qt + 2 t, + 1.
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t offset = swizzled<BM>(key_row0 + g + 8 * h, qt) + 4 * t;
+            st_shared_b32(ds_tile + offset, pack2<T>(dp[j][2 * h], dp[j][2 * h + 1]));
+          }
+        }
+
+        // dV += P^T dO and dK += dS^T Q over the slice's queries.
+#pragma unroll
+        for (int np = 0; np < kSliceTiles / 2; ++np) {
+          const int kk = slice * (kSliceTiles / 2) + np;  // queries m0 + 16 kk .. + 15
+          uint32_t pa[4];
+          uint32_t da[4];
+          pa[0] = pack2<T>(s[2 * np][0], s[2 * np][1]);
+          pa[1] = pack2<T>(s[2 * np][2], s[2 * np][3]);
+          pa[2] = pack2<T>(s[2 * np + 1][0], s[2 * np + 1][1]);
+          pa[3] = pack2<T>(s[2 * np + 1][2], s[2 * np + 1][3]);
+          da[0] = pack2<T>(dp[2 * np][0], dp[2 * np][1]);
+          da[1] = pack2<T>(dp[2 * np][2], dp[2 * np][3]);
+          da[2] = pack2<T>(dp[2 * np + 1][0], dp[2 * np + 1][1]);
+          da[3] = pack2<T>(dp[2 * np + 1][2], dp[2 * np + 1][3]);
+#pragma unroll
+          for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {  // d = 16 dp2 .. + 15
+            const uint32_t row =
+                trans_row + kk * 16 * D * 2 + ((a_chunk ^ static_cast<uint32_t>(2 * dp2)) << 4);
+            uint32_t ob[4];
+            ldmatrix_x4_trans(ob, do_buf + row);
+            mma_16816<T>(dv_acc[2 * dp2], pa, ob[0], ob[1]);
+            mma_16816<T>(dv_acc[2 * dp2 + 1], pa, ob[2], ob[3]);
+            uint32_t qb[4];
+            ldmatrix_x4_trans(qb, q_buf + row);
+            mma_16816<T>(dk_acc[2 * dp2], da, qb[0], qb[1]);
+            mma_16816<T>(dk_acc[2 * dp2 + 1], da, qb[2], qb[3]);
+          }
         }
       }
       __syncthreads();  // the whole dS^T tile is written
