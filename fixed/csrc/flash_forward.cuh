@@ -19,9 +19,12 @@
 // tile for both head dims on H100). With 32 rows a warp uses every K and V fragment it reads
 // from shared memory for two mma's, half the shared-memory traffic per FLOP of 16 rows per
 // warp (see perf/NOTES.md). The CTA loops over key blocks of kBlockN keys in shared memory
-// (128 for D = 64, 64 for D = 128; one barrier each), each one softmax step (kSubN = kBlockN).
-// ptxas spills 72 (D = 64) and 88 (D = 128) bytes at these sizes, and they still measured 3-9%
-// faster than half-size steps without spills (perf/NOTES.md, v5):
+// (128 for D = 64, 64 for D = 128; one barrier each), in softmax steps of kSubN = 64 keys: two
+// steps per block at D = 64, with the warp's Q fragments held in registers (32 of them, which
+// the smaller step frees); one step per block at D = 128, Q read from shared memory at every
+// k-step (held, it would take 64 registers more than there are). ptxas spills 0 (D = 64) and
+// 88 (D = 128) bytes; the D = 128 step still measured 9% faster than half-size steps without
+// spills (perf/NOTES.md, v5), and the D = 64 layout 2% faster than one 128-key step (v9):
 //   S  = Q K^T          (kMTiles x kSubN/8 fp32 accumulator fragments per lane)
 //   online softmax on S in registers (log2 domain: s * scale * log2(e), exp2)
 //   P  = bf16/fp16(S)   reused in registers as the A operand, no shared-memory round trip
@@ -29,8 +32,7 @@
 // O is rescaled only when some row of the warp has a new max (a warp vote): exact, since the
 // factor is then 1 for every row, and most late steps skip those 2 kMTiles D / 8 multiplies.
 // At the end O /= rowsum, lse = max + log(rowsum); O goes out through shared memory with
-// 16-byte stores. Q stays in shared memory (ldmatrix per k-step): in registers it would cost
-// 32 (D = 64) or 64 (D = 128) more registers than there are.
+// 16-byte stores.
 // Causal: key blocks wholly after the CTA's last row are never loaded, steps past it never
 // computed; only steps that cross the diagonal (or the end of the keys) are masked, element by
 // element. Work items (batch item, row block) go out in blockIdx order, and the block scheduler
@@ -121,14 +123,16 @@ namespace flash {
 
 // kHeadDim: 64 or 128 (E must equal it). kBlockN: keys per shared-memory block. kSubN: keys per
 // softmax step. kMTiles: 16-row m-tiles per warp (2 is FlashAttention-2's tile, 1 gives 64-row
-// CTAs; the code takes either).
-template <int kHeadDim_, int kBlockN_, int kSubN_, int kMTiles_>
+// CTAs; the code takes either). kQInRegisters: the warp's Q fragments are taken once per work
+// item and held (kMTiles x kHeadDim / 4 registers) instead of loaded at every k-step.
+template <int kHeadDim_, int kBlockN_, int kSubN_, int kMTiles_, bool kQInRegisters_>
 struct Tiling {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;  // keys per shared-memory block (one barrier each)
   static constexpr int kSubN = kSubN_;      // keys per softmax step (S registers: kSubN / 2)
   static constexpr int kSubBlocks = kBlockN / kSubN;
   static constexpr int kMTiles = kMTiles_;
+  static constexpr bool kQInRegisters = kQInRegisters_;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpRows = 16 * kMTiles;         // query rows per warp
@@ -152,9 +156,10 @@ struct Tiling {
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
 };
 
-// The variants the launchers use (see perf/NOTES.md for the choice).
-using Tiling64 = Tiling<64, 128, 128, 2>;
-using Tiling128 = Tiling<128, 64, 64, 2>;
+// The variants the launchers use (see perf/NOTES.md, v5 and v9, for the choice). At D = 128 the
+// Q fragments would take 64 of the registers that O and S hold.
+using Tiling64 = Tiling<64, 128, 64, 2, true>;
+using Tiling128 = Tiling<128, 64, 64, 2, false>;
 
 // ------------------------------------------------------------------------------ kernel
 
@@ -219,6 +224,21 @@ __global__ void __launch_bounds__(F::kThreads, 2)
     load_tile<F, F::kBlockN>(v_tiles, v + kv_b, S, tid);
     cp_async_commit();
 
+    // Q's A fragments for S = Q K^T, if held: taken once Q has landed (K and V still in flight).
+    uint32_t q_frag[F::kQInRegisters ? kMTiles : 1][F::kQInRegisters ? F::kKSteps : 1][4];
+    if constexpr (F::kQInRegisters) {
+      cp_async_wait<1>();
+      __syncthreads();
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+        for (int ks = 0; ks < F::kKSteps; ++ks) {
+          const uint32_t pair = static_cast<uint32_t>(2 * ks);
+          ldmatrix_x4(q_frag[mi][ks], q_lane + mi * 16 * D * 2 + ((qv_chunk ^ pair) << 4));
+        }
+      }
+    }
+
     float o[kMTiles][kDTiles][4];
     float row_max[kMTiles][2];  // log2 domain, per fragment row g (h = 0) and g + 8 (h = 1)
     float row_sum[kMTiles][2];  // this lane's partial sum; reduced over the quad at the end
@@ -250,9 +270,8 @@ __global__ void __launch_bounds__(F::kThreads, 2)
       }
       cp_async_commit();  // possibly empty: keeps the group count uniform
 
-      // One step per block in both shipped tilings; for tilings with several, not unrolled
-      // (unrolled, ptxas scheduled across steps and spilled).
-#pragma unroll 1
+      // Unrolled: D = 64 takes two steps per block, and ptxas overlaps them (perf/NOTES.md, v9).
+#pragma unroll
       for (int sub = 0; sub < F::kSubBlocks; ++sub) {
         if (block * F::kSubBlocks + sub >= n_steps) {
           break;  // uniform: the rest of this block is past S or after every row (causal)
@@ -279,7 +298,14 @@ __global__ void __launch_bounds__(F::kThreads, 2)
           uint32_t a[kMTiles][4];
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {
-            ldmatrix_x4(a[mi], q_lane + mi * 16 * D * 2 + ((qv_chunk ^ pair) << 4));
+            if constexpr (F::kQInRegisters) {
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                a[mi][r] = q_frag[mi][ks][r];
+              }
+            } else {
+              ldmatrix_x4(a[mi], q_lane + mi * 16 * D * 2 + ((qv_chunk ^ pair) << 4));
+            }
           }
 #pragma unroll
           for (int np = 0; np < kNTiles / 2; ++np) {  // keys n0 + 16 np .. + 15
