@@ -48,7 +48,7 @@
 // moved to registers: L1/shared 77% busy, issue slots about 27%, 37% of the stall cycles
 // waiting on shared-memory loads). Loads per iteration and warp (ldmatrix.x4, D = 64): 64 for
 // S^T and dP^T, 64 for dV and dK, 40 for dQ. Holding the K and V fragments saved 8 of 176,
-// and 9% of the time at D = 64, 7% at D = 128 (perf/NOTES.md, v8).
+// and 9-10% of the time at D = 64, 7% at D = 128 (perf/NOTES.md, v8).
 // Causal: a key block's loop starts at the query block holding its first key (earlier rows see
 // none of its keys); only query blocks that reach above the diagonal (m0 < n0 + 127) are masked,
 // element by element. Key blocks wholly past the last query row run no loop and write zeros.
