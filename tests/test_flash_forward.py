@@ -133,7 +133,8 @@ def test_forward_matches_the_generic_float32_kernel(fixed, seed, dtype, head_dim
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_non_contiguous_inputs_and_other_scales(fixed, seed, dtype, head_dim):
     """Transposed, strided and expanded views (one contiguous copy in the glue), and scales
-    other than 1/√E, a negative one included (the row max is taken after scaling)."""
+    other than 1/√E: a negative one (the kernel negates Q, as its softmax needs a positive
+    factor) and zero (uniform weights; masked keys must still get none)."""
     generator = torch.Generator().manual_seed(seed)
     batch, heads, len_q, len_kv = 2, 3, 145, 203
     # (B, L, H, E) memory seen as (B, H, L, E); every other key; one value head broadcast.
@@ -141,7 +142,8 @@ def test_non_contiguous_inputs_and_other_scales(fixed, seed, dtype, head_dim):
     k = randn((batch, heads, 2 * len_kv, head_dim), dtype, generator)[:, :, ::2]
     v = randn((batch, 1, len_kv, head_dim), dtype, generator).expand(-1, heads, -1, -1)
     assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
-    for scale, causal in ((0.3, False), (0.05, True), (-0.2, False), (-0.2, True)):
+    cases = ((0.3, False), (0.05, True), (-0.2, False), (-0.2, True), (0.0, True))
+    for scale, causal in cases:
         where = f"{dtype_id(dtype)} e{head_dim} scale={scale} causal={causal}; {replay(seed)}"
         check_against_reference(q, k, v, scale, causal, where)
         out = fixed.fast_attention(q, k, v, scale=scale, causal=causal)

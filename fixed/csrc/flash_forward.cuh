@@ -23,10 +23,12 @@
 // steps per block at D = 64, with the warp's Q fragments held in registers (32 of them, which
 // the smaller step frees); one step per block at D = 128, Q read from shared memory at every
 // k-step (held, it would take 64 registers more than there are). ptxas spills 0 (D = 64) and
-// 88 (D = 128) bytes; the D = 128 step still measured 9% faster than half-size steps without
+// 80 (D = 128) bytes; the D = 128 step still measured 9% faster than half-size steps without
 // spills (perf/NOTES.md, v5), and the D = 64 layout 2% faster than one 128-key step (v9):
 //   S  = Q K^T          (kMTiles x kSubN/8 fp32 accumulator fragments per lane)
-//   online softmax on S in registers (log2 domain: s * scale * log2(e), exp2)
+//   online softmax on S in registers: the row max m of the raw scores, P = 2^(s c - m c) with
+//   c = |scale| log2(e), one FFMA and one ex2 per score (a negative scale negates Q in shared
+//   memory first, so that the max of raw scores is the max of scaled ones)
 //   P  = bf16/fp16(S)   reused in registers as the A operand, no shared-memory round trip
 //   O += P V            (kMTiles x D/8 fp32 accumulator fragments per lane)
 // O is rescaled only when some row of the warp has a new max (a warp vote): exact, since the
@@ -99,7 +101,7 @@
 // in flight while block j is computed. One barrier per key block. The epilogue stages O in the
 // warp's own rows of the Q tile (__syncwarp only); a barrier ends each work item.
 //
-// Registers (nvcc 13.0, sm_90): 255 per thread for both, with 88 (D = 128) and 72 (D = 64) bytes
+// Registers (nvcc 13.0, sm_90): 255 per thread for both, with 80 (D = 128) and 0 (D = 64) bytes
 // of spill; __launch_bounds__(128, 2): two CTAs (8 warps) per SM.
 // Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
 #ifndef FIXED_FLASH_FORWARD_CUH_
@@ -109,6 +111,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -204,7 +207,11 @@ __global__ void __launch_bounds__(F::kThreads, 2)
 
   const int64_t L = p.len_q, S = p.len_kv;
   const int64_t row_blocks = ceil_div(L, F::kBlockM);
-  const float scale_log2 = p.scale * kLog2e;
+  // Scores stay unscaled: 2^(s c - m c) is one FFMA per score, with m the row max of the raw
+  // scores. That needs c > 0: a negative scale negates Q instead (exact: a sign bit), and a zero
+  // one becomes FLT_MIN (same probabilities, all 1; 0 would make masked scores -inf * 0 = NaN).
+  const bool negate_q = p.scale < 0.f;
+  const float scale_log2 = fmaxf(fabsf(p.scale) * kLog2e, FLT_MIN);
 
   for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / row_blocks;
@@ -224,11 +231,26 @@ __global__ void __launch_bounds__(F::kThreads, 2)
     load_tile<F, F::kBlockN>(v_tiles, v + kv_b, S, tid);
     cp_async_commit();
 
-    // Q's A fragments for S = Q K^T, if held: taken once Q has landed (K and V still in flight).
+    // Once Q has landed (K and V still in flight): negate it if the scale is negative, and take
+    // its A fragments for S = Q K^T if they are held.
     uint32_t q_frag[F::kQInRegisters ? kMTiles : 1][F::kQInRegisters ? F::kKSteps : 1][4];
-    if constexpr (F::kQInRegisters) {
+    if (F::kQInRegisters || negate_q) {
       cp_async_wait<1>();
-      __syncthreads();
+      __syncthreads();  // Q's rows came from every thread's copies
+    }
+    if (negate_q) {  // uniform; the warp's own rows: the only ones it reads, and stages O in
+      uint4* const warp_q = flash_smem + warp_row0 * F::kChunks;
+      for (int c = lane; c < F::kWarpRows * F::kChunks; c += 32) {
+        uint4 bits = warp_q[c];
+        bits.x ^= 0x80008000u;  // the sign bit of both 2-byte elements
+        bits.y ^= 0x80008000u;
+        bits.z ^= 0x80008000u;
+        bits.w ^= 0x80008000u;
+        warp_q[c] = bits;
+      }
+      __syncwarp();
+    }
+    if constexpr (F::kQInRegisters) {
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
@@ -240,7 +262,7 @@ __global__ void __launch_bounds__(F::kThreads, 2)
     }
 
     float o[kMTiles][kDTiles][4];
-    float row_max[kMTiles][2];  // log2 domain, per fragment row g (h = 0) and g + 8 (h = 1)
+    float row_max[kMTiles][2];  // of raw scores, per fragment row g (h = 0) and g + 8 (h = 1)
     float row_sum[kMTiles][2];  // this lane's partial sum; reduced over the quad at the end
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
@@ -319,17 +341,7 @@ __global__ void __launch_bounds__(F::kThreads, 2)
           }
         }
 
-        // To the log2 domain; mask keys past S, and (causal) keys after the row.
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi) {
-#pragma unroll
-          for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              s[mi][j][e] *= scale_log2;
-            }
-          }
-        }
+        // Mask keys past S, and (causal) keys after the row.
         const bool tail = n0 + F::kSubN > S;
         const bool diagonal = p.causal && n0 + F::kSubN - 1 > m0;
         if (tail || diagonal) {  // uniform over the CTA
@@ -355,8 +367,8 @@ __global__ void __launch_bounds__(F::kThreads, 2)
           }
         }
 
-        // Online softmax: new row max (quad reduction), P = 2^(s - max) in place, running
-        // sum rescaled by 2^(old max - new max).
+        // Online softmax: new row max (quad reduction), P = 2^((s - max) c) in place, running
+        // sum rescaled by 2^((old max - new max) c), c = |scale| log2(e).
         float rescale[kMTiles][2];
         bool grew = false;
 #pragma unroll
@@ -371,18 +383,18 @@ __global__ void __launch_bounds__(F::kThreads, 2)
             mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
             // Nothing visible yet: subtract 0, so that 2^(-inf - 0) = 0 rather than NaN.
-            const float base = mx == -INFINITY ? 0.f : mx;
+            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
             const bool same = mx == row_max[mi][h];
             grew = grew || !same;
             // Exactly 1 when the max stayed; 0 on the first block (old max -inf).
-            rescale[mi][h] = same ? 1.f : exp2_approx(row_max[mi][h] - base);
+            rescale[mi][h] = same ? 1.f : exp2_approx(fmaf(row_max[mi][h], scale_log2, -base));
             row_max[mi][h] = mx;
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
               for (int c = 0; c < 2; ++c) {
-                const float prob = exp2_approx(s[mi][j][2 * h + c] - base);
+                const float prob = exp2_approx(fmaf(s[mi][j][2 * h + c], scale_log2, -base));
                 s[mi][j][2 * h + c] = prob;
                 sum += prob;
               }
@@ -452,7 +464,7 @@ __global__ void __launch_bounds__(F::kThreads, 2)
         }
         const int64_t row = warp_first_row + 16 * mi + g + 8 * h;
         if (t == 0 && row < L) {
-          lse[b * L + row] = sum > 0.f ? row_max[mi][h] * kLn2 + logf(sum) : -INFINITY;
+          lse[b * L + row] = sum > 0.f ? row_max[mi][h] * scale_log2 * kLn2 + logf(sum) : -INFINITY;
         }
       }
     }
