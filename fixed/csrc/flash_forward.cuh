@@ -14,9 +14,12 @@
 // out (B, L, E) in the input dtype, lse (B, L) float32 (natural log).
 //
 // ---------------------------------------------------------------------------------- tiling
-// A CTA is 4 warps (128 threads) and owns kBlockM = 128 query rows of one batch item; warp w
-// owns rows [32 w, 32 w + 32): two m-tiles of 16 rows (kMTiles = 2, FlashAttention-2's 128-row
-// tile for both head dims on H100). With 32 rows a warp uses every K and V fragment it reads
+// A CTA is kWarps warps and owns kBlockM = 32 kWarps query rows of one batch item; warp w owns
+// rows [32 w, 32 w + 32): two m-tiles of 16 rows (kMTiles = 2). kWarps = 4 (128 rows,
+// FlashAttention-2's tile on H100) for D = 64 and causal D = 128; 8 (256 rows) for non-causal
+// D = 128, where the 8 warps share one copy of each K and V block: half the L2 reads and
+// shared-memory fills per FLOP, 2% faster at S = 4096 (perf/NOTES.md, v10; causal, the larger
+// diagonal blocks and fewer work items made it 3% slower). Either way 8 warps per SM. With 32 rows a warp uses every K and V fragment it reads
 // from shared memory for two mma's, half the shared-memory traffic per FLOP of 16 rows per
 // warp (see perf/NOTES.md). The CTA loops over key blocks of kBlockN keys in shared memory
 // (128 for D = 64, 64 for D = 128; one barrier each), in softmax steps of kSubN = 64 keys: two
@@ -88,8 +91,9 @@
 //   one row: a permutation of 8 chunks, no conflict.
 // - output staging (4-byte stores of C fragments): rows g = 0..7 at chunk j go to 8 distinct
 //   chunks, t picks the word: 32 distinct banks.
-// Shared memory per CTA: Q [128][D] + 2 x (K [kBlockN][D] + V [kBlockN][D]):
-//   D = 64: 16 + 2 x 32 KB = 80 KB;   D = 128: 32 + 2 x 32 KB = 96 KB (opt-in above 48 KB).
+// Shared memory per CTA: Q [kBlockM][D] + 2 x (K [kBlockN][D] + V [kBlockN][D]) (opt-in above
+// 48 KB): D = 64: 16 + 2 x 32 = 80 KB; D = 128: 32 + 2 x 32 = 96 KB (4 warps, two CTAs per SM)
+// or 64 + 2 x 32 = 128 KB (8 warps, one CTA per SM).
 //
 // ---------------------------------------------------------------------------- pipeline
 // cp.async.cg 16-byte copies (L2 only, no L1 allocation). Rows past the last row of Q, K or V
@@ -101,8 +105,8 @@
 // in flight while block j is computed. One barrier per key block. The epilogue stages O in the
 // warp's own rows of the Q tile (__syncwarp only); a barrier ends each work item.
 //
-// Registers (nvcc 13.0, sm_90): 255 per thread for both, with 80 (D = 128) and 0 (D = 64) bytes
-// of spill; __launch_bounds__(128, 2): two CTAs (8 warps) per SM.
+// Registers (nvcc 13.0, sm_90): 255 per thread for all, with 80 (D = 128) and 0 (D = 64) bytes
+// of spill; __launch_bounds__(32 kWarps, 8 / kWarps): 8 warps per SM.
 // Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
 #ifndef FIXED_FLASH_FORWARD_CUH_
 #define FIXED_FLASH_FORWARD_CUH_
@@ -125,10 +129,11 @@ namespace kernels {
 namespace flash {
 
 // kHeadDim: 64 or 128 (E must equal it). kBlockN: keys per shared-memory block. kSubN: keys per
-// softmax step. kMTiles: 16-row m-tiles per warp (2 is FlashAttention-2's tile, 1 gives 64-row
-// CTAs; the code takes either). kQInRegisters: the warp's Q fragments are taken once per work
-// item and held (kMTiles x kHeadDim / 4 registers) instead of loaded at every k-step.
-template <int kHeadDim_, int kBlockN_, int kSubN_, int kMTiles_, bool kQInRegisters_>
+// softmax step. kMTiles: 16-row m-tiles per warp (2 is FlashAttention-2's tile; the code also
+// takes 1). kQInRegisters: the warp's Q fragments are taken once per work
+// item and held (kMTiles x kHeadDim / 4 registers) instead of loaded at every k-step. kWarps:
+// 4 or 8 warps per CTA, sharing its K and V blocks.
+template <int kHeadDim_, int kBlockN_, int kSubN_, int kMTiles_, bool kQInRegisters_, int kWarps_>
 struct Tiling {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;  // keys per shared-memory block (one barrier each)
@@ -136,7 +141,7 @@ struct Tiling {
   static constexpr int kSubBlocks = kBlockN / kSubN;
   static constexpr int kMTiles = kMTiles_;
   static constexpr bool kQInRegisters = kQInRegisters_;
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpRows = 16 * kMTiles;         // query rows per warp
   static constexpr int kBlockM = kWarps * kWarpRows;     // query rows per CTA
@@ -154,20 +159,22 @@ struct Tiling {
   static_assert(kSubN % 16 == 0 && kSubN >= 16 && kBlockN % kSubN == 0,
                 "key blocks of whole softmax steps, steps of whole k-steps");
   static_assert(kMTiles == 1 || kMTiles == 2, "one or two m-tiles per warp");
+  static_assert(kWarps == 4 || kWarps == 8, "8 warps per SM: two CTAs of 4 or one of 8");
   static_assert(kChunks >= 8, "the XOR swizzle permutes groups of 8 chunks");
   static_assert(kThreads % kChunks == 0 && 32 % kChunks == 0, "whole rows per copy pass");
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
 };
 
-// The variants the launchers use (see perf/NOTES.md, v5 and v9, for the choice). At D = 128 the
-// Q fragments would take 64 of the registers that O and S hold.
-using Tiling64 = Tiling<64, 128, 64, 2, true>;
-using Tiling128 = Tiling<128, 64, 64, 2, false>;
+// The variants the launchers use (see perf/NOTES.md, v5, v9 and v10, for the choice). At
+// D = 128 the Q fragments would take 64 of the registers that O and S hold.
+using Tiling64 = Tiling<64, 128, 64, 2, true, 4>;
+using Tiling128 = Tiling<128, 64, 64, 2, false, 8>;        // non-causal
+using Tiling128Causal = Tiling<128, 64, 64, 2, false, 4>;
 
 // ------------------------------------------------------------------------------ kernel
 
 template <typename T, class F>
-__global__ void __launch_bounds__(F::kThreads, 2)
+__global__ void __launch_bounds__(F::kThreads, 8 / F::kWarps)
     flash_forward_kernel(const T* __restrict__ q,  // (B, L, D)
                          const T* __restrict__ k,  // (B, S, D)
                          const T* __restrict__ v,  // (B, S, D)
@@ -537,7 +544,9 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
   }
   switch (p.head_dim) {
     case 64: return launch<T, Tiling64>(q, k, v, out, lse, p, stream);
-    case 128: return launch<T, Tiling128>(q, k, v, out, lse, p, stream);
+    case 128:
+      return p.causal ? launch<T, Tiling128Causal>(q, k, v, out, lse, p, stream)
+                      : launch<T, Tiling128>(q, k, v, out, lse, p, stream);
     default: return false;
   }
 }
