@@ -14,20 +14,20 @@
 // out (B, L, E) in the input dtype, lse (B, L) float32 (natural log).
 //
 // ---------------------------------------------------------------------------------- tiling
-// A CTA is kWarps warps and owns kBlockM = 32 kWarps query rows of one batch item; warp w owns
-// rows [32 w, 32 w + 32): two m-tiles of 16 rows (kMTiles = 2). kWarps = 4 (128 rows,
-// FlashAttention-2's tile on H100) for D = 64 and causal D = 128; 8 (256 rows) for non-causal
-// D = 128, where the 8 warps share one copy of each K and V block: half the L2 reads and
-// shared-memory fills per FLOP, 2% faster at S = 4096 (perf/NOTES.md, v10; causal, the larger
-// diagonal blocks and fewer work items made it 3% slower). Either way 8 warps per SM. With 32 rows a warp uses every K and V fragment it reads
-// from shared memory for two mma's, half the shared-memory traffic per FLOP of 16 rows per
-// warp (see perf/NOTES.md). The CTA loops over key blocks of kBlockN keys in shared memory
+// A CTA is kWarps warps and owns kBlockM = 32 kWarps query rows of one batch item; warp w owns rows
+// [32 w, 32 w + 32): two m-tiles of 16 rows (kMTiles = 2). kWarps = 4 (128 rows, FlashAttention-2's
+// tile on H100) for D = 64 and causal D = 128; 8 (256 rows) for non-causal D = 128, where the 8
+// warps share one copy of each K and V block: half the L2 reads and shared-memory fills per FLOP,
+// 2% faster at S = 4096 (perf/NOTES.md, v10; causal, the larger diagonal blocks and fewer work
+// items made it 3% slower). Either way 8 warps per SM. With 32 rows a warp uses every K and V
+// fragment it reads from shared memory for two mma's, half the shared-memory traffic per FLOP of 16
+// rows per warp (see perf/NOTES.md). The CTA loops over key blocks of kBlockN keys in shared memory
 // (128 for D = 64, 64 for D = 128; one barrier each), in softmax steps of kSubN = 64 keys: two
-// steps per block at D = 64, with the warp's Q fragments held in registers (32 of them, which
-// the smaller step frees); one step per block at D = 128, Q read from shared memory at every
-// k-step (held, it would take 64 registers more than there are). ptxas spills 0 (D = 64) and
-// 80 (D = 128) bytes; the D = 128 step still measured 9% faster than half-size steps without
-// spills (perf/NOTES.md, v5), and the D = 64 layout 2% faster than one 128-key step (v9):
+// steps per block at D = 64, with the warp's Q fragments held in registers (32 of them, which the
+// smaller step frees); one step per block at D = 128, Q read from shared memory at every k-step
+// (held, it would take 64 registers more than there are). ptxas spills 0 (D = 64) and 80 (D = 128)
+// bytes; the D = 128 step still measured 9% faster than half-size steps without spills
+// (perf/NOTES.md, v5), and the D = 64 layout 2% faster than one 128-key step (v9):
 //   S  = Q K^T          (kMTiles x kSubN/8 fp32 accumulator fragments per lane)
 //   online softmax on S in registers: the row max m of the raw scores, P = 2^(s c - m c) with
 //   c = |scale| log2(e), one FFMA and one ex2 per score (a negative scale negates Q in shared
@@ -130,9 +130,9 @@ namespace flash {
 
 // kHeadDim: 64 or 128 (E must equal it). kBlockN: keys per shared-memory block. kSubN: keys per
 // softmax step. kMTiles: 16-row m-tiles per warp (2 is FlashAttention-2's tile; the code also
-// takes 1). kQInRegisters: the warp's Q fragments are taken once per work
-// item and held (kMTiles x kHeadDim / 4 registers) instead of loaded at every k-step. kWarps:
-// 4 or 8 warps per CTA, sharing its K and V blocks.
+// takes 1). kQInRegisters: the warp's Q fragments are taken once per work item and held
+// (kMTiles x kHeadDim / 4 registers) instead of loaded at every k-step. kWarps: 4 or 8 warps
+// per CTA, sharing its K and V blocks.
 template <int kHeadDim_, int kBlockN_, int kSubN_, int kMTiles_, bool kQInRegisters_, int kWarps_>
 struct Tiling {
   static constexpr int kHeadDim = kHeadDim_;
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(F::kThreads, 8 / F::kWarps)
             }
             mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
-            // Nothing visible yet: subtract 0, so that 2^(-inf - 0) = 0 rather than NaN.
+            // Nothing visible yet: subtract 0, so that 2^(-inf c - 0) = 0 rather than NaN.
             const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
             const bool same = mx == row_max[mi][h];
             grew = grew || !same;
