@@ -67,8 +67,9 @@ def _stamp(config: dict) -> str:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     flags = {key: value for key, value in config.items() if key != "sources"}
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if config["with_cuda"] else ""
+    policy = _ARCH_POLICY if config["with_cuda"] else ""
     digest.update(
-        repr((torch.__version__, torch.version.cuda, sorted(flags.items()), arch)).encode()
+        repr((torch.__version__, torch.version.cuda, sorted(flags.items()), arch, policy)).encode()
     )
     return digest.hexdigest()[:16]
 
@@ -95,6 +96,29 @@ def _check_toolchain(flavour: str) -> None:
             )
 
 
+# The policy _cuda_arch_flags applies, in the stamp: a change to it is a new build.
+_ARCH_POLICY = "sm_90 code as sm_90a"
+
+
+def _cuda_arch_flags(cpp_extension) -> list[str]:
+    """torch's -gencode flags (TORCH_CUDA_ARCH_LIST, or the visible GPUs), with sm_90 code built
+    as sm_90a: the one image for compute capability 9.0 then has the wgmma forward
+    (csrc/flash_forward_sm90.cuh). Its PTX stays compute_90, for JIT on later GPUs. Any
+    -gencode in extra_cuda_cflags makes load() add none of its own, so these are all of them."""
+    torch_flags = getattr(cpp_extension, "_get_cuda_arch_flags", None)
+    if torch_flags is None:  # a private helper: without it, torch's own flags, no sm_90a
+        print(
+            "fixed: this torch does not say its arch flags; building without sm_90a "
+            "(correct, but Hopper runs the mma.sync forward)",
+            file=sys.stderr,
+        )
+        return []
+    sm90 = "-gencode=arch=compute_90,code=sm_90"
+    return [
+        "-gencode=arch=compute_90a,code=sm_90a" if flag == sm90 else flag for flag in torch_flags()
+    ]
+
+
 def load_library() -> Path:
     """Load the operators into torch.ops.fixed_attention (once per process); return the path."""
     global _loaded
@@ -116,7 +140,10 @@ def load_library() -> Path:
     print(f"fixed: building the {flavour} operator into {build_dir} (once)", file=sys.stderr)
     # A copy: load() appends to the flag lists it is given, which would change the stamp.
     # It takes cpp_extension's build lock, builds if needed and loads the library.
-    built = Path(cpp_extension.load(**copy.deepcopy(config)))
+    build_config = copy.deepcopy(config)
+    if flavour == "cuda":
+        build_config["extra_cuda_cflags"] += _cuda_arch_flags(cpp_extension)
+    built = Path(cpp_extension.load(**build_config))
     _publish(built, stamped, config)
     _loaded = built
     return built

@@ -106,11 +106,12 @@ def _build(args) -> int:
 
 
 def _check_cuda(args) -> int:
-    from kata.builders import PURE_CUDA_SOURCES, compile_check_cuda
+    from kata.builders import PURE_CUDA_SOURCES, SM90A_CUDA_SOURCES, compile_check_cuda
 
-    compile_check_cuda(PURE_CUDA_SOURCES, arch=args.arch)
-    names = ", ".join(str(source.relative_to(REPO_ROOT)) for source in PURE_CUDA_SOURCES)
-    print(f"nvcc -arch={args.arch} compiles {names}")
+    for arch, sources in ((args.arch, PURE_CUDA_SOURCES), ("sm_90a", SM90A_CUDA_SOURCES)):
+        compile_check_cuda(sources, arch=arch)
+        names = ", ".join(str(source.relative_to(REPO_ROOT)) for source in sources)
+        print(f"nvcc -arch={arch} compiles {names}")
     return 0
 
 

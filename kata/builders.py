@@ -167,6 +167,13 @@ PURE_CUDA_SOURCES = (
     FIXED_DIR / "csrc" / "flash_common.cuh",
     FIXED_DIR / "csrc" / "flash_forward.cuh",
     FIXED_DIR / "csrc" / "flash_backward.cuh",
+    FIXED_DIR / "csrc" / "wgmma.cuh",
+    FIXED_DIR / "csrc" / "flash_forward_sm90.cuh",
+)
+# The ones with code only an sm_90a image has (wgmma): compiled for sm_90a as well.
+SM90A_CUDA_SOURCES = (
+    FIXED_DIR / "csrc" / "wgmma.cuh",
+    FIXED_DIR / "csrc" / "flash_forward_sm90.cuh",
 )
 
 

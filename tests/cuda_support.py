@@ -102,14 +102,19 @@ TENSOR_CORE_SANITIZER_TOOLS = [
 ]
 
 
-def find_compute_sanitizer() -> str | None:
-    found = shutil.which("compute-sanitizer")
+def find_cuda_tool(name: str) -> str | None:
+    """A CUDA toolkit program: on PATH, else in CUDA_HOME/bin; None when neither has it."""
+    found = shutil.which(name)
     if found is None:
         from torch.utils.cpp_extension import CUDA_HOME
 
-        candidate = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "compute-sanitizer")
+        candidate = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", name)
         found = candidate if os.access(candidate, os.X_OK) else None
     return found
+
+
+def find_compute_sanitizer() -> str | None:
+    return find_cuda_tool("compute-sanitizer")
 
 
 def run_clean(sanitizer: str, tool: str, script: str, workdir: Path, clean: str) -> str:

@@ -1,13 +1,16 @@
-"""fixed/'s tensor-core forward (fixed/csrc/flash_forward.cuh: mma.sync, bf16 and fp16, head
-dims 64 and 128) on a GPU: output and logsumexp against the float64 reference, against the
-generic float32 kernel, ragged lengths, L != S, causal, non-contiguous and misaligned inputs,
-that the kernel is the one that ran, and compute-sanitizer. Every test needs CUDA and skips,
-saying so, without it. Inputs are fresh each run; FLASH_SEED=<seed> replays a failure."""
+"""fixed/'s tensor-core forwards (bf16 and fp16, head dims 64 and 128: fixed/csrc/
+flash_forward.cuh, mma.sync; on compute capability 9.0 at head dim 128 flash_forward_sm90.cuh,
+wgmma) on a GPU: output and logsumexp against the float64 reference, against the generic
+float32 kernel, ragged lengths, L != S, causal, non-contiguous and misaligned inputs, that the
+kernel is the one that ran (and on Hopper that its image has wgmma), and compute-sanitizer.
+Every test needs CUDA and skips, saying so, without it. Inputs are fresh each run;
+FLASH_SEED=<seed> replays a failure."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import subprocess
 import textwrap
 
 import pytest
@@ -20,6 +23,7 @@ from tests.cuda_support import (
     TENSOR_CORE_SANITIZER_TOOLS,
     dtype_id,
     find_compute_sanitizer,
+    find_cuda_tool,
     fixed_with_cuda_kernels,
     lse_error,
     make_inputs,
@@ -55,7 +59,8 @@ CASES = [
     ((1,), 15, 1000),
     ((1,), 4097, 4097),
 ]
-FLASH_KERNEL = "flash_forward_kernel"
+FLASH_KERNEL = "flash_forward_kernel"  # mma.sync
+SM90_KERNEL = "flash_forward_sm90_kernel"  # wgmma: head dim 128 on compute capability 9.0
 
 
 fixed = pytest.fixture(fixed_with_cuda_kernels, scope="module", name="fixed")
@@ -192,22 +197,26 @@ def kernels_launched(q, k, v, causal=False):
 
 
 def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
-    """bf16/fp16 with head dim 64 or 128 take the flash kernel, one launch; float32, other head
-    dims and misaligned inputs take the generic one. Without this, a dispatch that always
-    falls back would pass every result test above."""
+    """bf16/fp16 with head dim 64 or 128 take a flash kernel, one launch: the wgmma one at head
+    dim 128 on compute capability 9.0, the mma.sync one otherwise; float32, other head dims and
+    misaligned inputs take the generic one. Without this, a dispatch that always falls back
+    would pass every result test above."""
     generator = torch.Generator().manual_seed(seed)
     probe = make_inputs((2,), 100, 100, 64, torch.float32, generator)
     if not kernels_launched(*probe):
         pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable?)")
+    hopper = torch.cuda.get_device_capability() == (9, 0)
     for dtype in DTYPES:
         for head_dim in HEAD_DIMS:
+            expected = SM90_KERNEL if hopper and head_dim == 128 else FLASH_KERNEL
             for causal in (False, True):
                 names = kernels_launched(
                     *make_inputs((2, 3), 100, 150, head_dim, dtype, generator), causal=causal
                 )
                 with check:
-                    assert len(names) == 1 and FLASH_KERNEL in names[0], (
-                        f"{dtype_id(dtype)} e{head_dim} causal={causal}: launched {names}"
+                    assert len(names) == 1 and expected in names[0], (
+                        f"{dtype_id(dtype)} e{head_dim} causal={causal}: launched {names}, "
+                        f"expected {expected}"
                     )
     declined = {
         "float32 e64": make_inputs((2,), 100, 100, 64, torch.float32, generator),
@@ -220,7 +229,36 @@ def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
     for label, inputs in declined.items():
         names = kernels_launched(*inputs)
         with check:
-            assert len(names) == 1 and FLASH_KERNEL not in names[0], f"{label}: launched {names}"
+            assert len(names) == 1 and "flash_forward" not in names[0], f"{label}: launched {names}"
+
+
+def test_hopper_images_hold_the_wgmma_forward(fixed):
+    """The test above sees a kernel's name, not which of its two bodies ran: wgmma in an sm_90a
+    image, mma.sync in any other. fixed/_build.py builds sm_90 code as sm_90a, so a build with
+    code for compute capability 9.0 must hold an sm_90a image whose wgmma kernel has HGMMA
+    instructions (and no plain sm_90 image for the driver to pick instead)."""
+    from fixed import _build
+
+    cuobjdump = find_cuda_tool("cuobjdump")
+    if cuobjdump is None:
+        pytest.skip("cuobjdump is not on PATH (nor in CUDA_HOME/bin)")
+    library = str(_build.load_library())
+    images = subprocess.run(
+        [cuobjdump, "--list-elf", library], capture_output=True, text=True, check=True
+    ).stdout
+    if ".sm_90" not in images:
+        pytest.skip(f"this build has no image for compute capability 9.0:\n{images}")
+    assert ".sm_90a." in images and ".sm_90." not in images, images
+    sass = subprocess.run(
+        [cuobjdump, "--dump-sass", "--gpu-architecture", "sm_90a", library],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    functions = [part for part in sass.split("Function : ")[1:] if SM90_KERNEL in part[:300]]
+    assert len(functions) == 2, f"expected the bf16 and fp16 {SM90_KERNEL}, found {len(functions)}"
+    for function in functions:
+        assert "HGMMA" in function, f"no HGMMA in {function.splitlines()[0]}"
 
 
 # --------------------------------------------------------------------------- compute-sanitizer

@@ -255,10 +255,13 @@ def test_hint_command_names_unknown_ids():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_pure_cuda_sources_compile_with_nvcc_for_sm_90():
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a"])
+def test_pure_cuda_sources_compile_with_nvcc(arch):
     """The vendor kernel and fixed/'s kernel headers compile without a GPU or torch headers, under
-    the flags torch's extension build gives nvcc (no implicit half/bfloat16 conversions)."""
-    builders.compile_check_cuda()
+    the flags torch's extension build gives nvcc (no implicit half/bfloat16 conversions); for
+    sm_90a, the headers with wgmma code (only that image has it)."""
+    sources = builders.PURE_CUDA_SOURCES if arch == "sm_90" else builders.SM90A_CUDA_SOURCES
+    builders.compile_check_cuda(sources, arch=arch)
 
 
 def test_stale_vendor_library_is_rebuilt(candidate):

@@ -3,8 +3,9 @@
 //   check the inputs -> guard the inputs' device -> take the current stream -> allocate outputs
 //   on the device -> return early without a launch when empty -> launch -> check the launch.
 // The kernels and their launchers are in attention_kernels.cuh (generic) and, for half and
-// bfloat16 on tensor cores, flash_forward.cuh and flash_backward.cuh (no torch includes there,
-// so nvcc can compile-check them without a GPU).
+// bfloat16 on tensor cores, flash_forward.cuh and flash_backward.cuh (mma.sync, sm_80 and later)
+// and flash_forward_sm90.cuh (wgmma, Hopper); no torch includes there, so nvcc can
+// compile-check them without a GPU.
 #include <limits>
 #include <tuple>
 
@@ -22,6 +23,7 @@
 #include "checks.h"
 #include "flash_backward.cuh"
 #include "flash_forward.cuh"
+#include "flash_forward_sm90.cuh"
 
 namespace fixed_attention {
 namespace {
@@ -100,15 +102,21 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& quer
   const kernels::AttentionProblem problem = make_problem(shape, scale, causal);
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
-    // The tensor-core kernel where it covers the case (half/bfloat16, head dim 64 or 128),
-    // otherwise the generic one; either way exactly one launch, checked below.
-    const bool launched = kernels::launch_flash_forward(
-        cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k), cuda_ptr<scalar_t>(v),
-        cuda_mutable_ptr<scalar_t>(output), logsumexp.mutable_data_ptr<float>(), problem, stream);
+    // The fastest kernel that covers the case: Hopper's wgmma kernel (half/bfloat16, head dim
+    // 128, compute capability 9.0), the mma.sync one (half/bfloat16, head dim 64 or 128), the
+    // generic one. Each launcher declines what it does not cover, having launched nothing;
+    // either way exactly one launch, checked below.
+    const auto* q_ptr = cuda_ptr<scalar_t>(q);
+    const auto* k_ptr = cuda_ptr<scalar_t>(k);
+    const auto* v_ptr = cuda_ptr<scalar_t>(v);
+    auto* out_ptr = cuda_mutable_ptr<scalar_t>(output);
+    float* const lse_ptr = logsumexp.mutable_data_ptr<float>();
+    const bool launched =
+        kernels::launch_flash_forward_sm90(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem,
+                                           stream) ||
+        kernels::launch_flash_forward(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem, stream);
     if (!launched) {
-      kernels::launch_attention_forward(cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
-                                        cuda_ptr<scalar_t>(v), cuda_mutable_ptr<scalar_t>(output),
-                                        logsumexp.mutable_data_ptr<float>(), problem, stream);
+      kernels::launch_attention_forward(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem, stream);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

@@ -2,7 +2,9 @@
 // ldmatrix, cp.async: sm_80 and later, Ampere and Hopper), head dims 64 and 128. The launchers
 // at the bottom return false, launching nothing, for every case they do not cover (float32,
 // other head dims, inputs not 16-byte aligned, no sm_80+ image of the kernel for the device);
-// the caller then runs the generic kernel of attention_kernels.cuh: the same function.
+// the caller then runs the generic kernel of attention_kernels.cuh: the same function. On
+// Hopper (compute capability 9.0) the caller tries flash_forward_sm90.cuh (wgmma) first, which
+// takes head dim 128; its kernel runs flash_forward_cta below in images without wgmma.
 //
 // No torch includes, so CI compile-checks this header on a machine without a GPU:
 //   nvcc -arch=sm_90 -x cu -c fixed/csrc/flash_forward.cuh -o /dev/null
@@ -173,16 +175,16 @@ using Tiling128Causal = Tiling<128, 64, 64, 2, false, 4>;
 
 // ------------------------------------------------------------------------------ kernel
 
+// The whole CTA's work, every work item of the grid-stride loop. A device function so that the
+// sm_90a kernel (flash_forward_sm90.cuh) can run it as its body in images without wgmma.
 template <typename T, class F>
-__global__ void __launch_bounds__(F::kThreads, 8 / F::kWarps)
-    flash_forward_kernel(const T* __restrict__ q,  // (B, L, D)
-                         const T* __restrict__ k,  // (B, S, D)
-                         const T* __restrict__ v,  // (B, S, D)
-                         T* __restrict__ out,      // (B, L, D)
-                         float* __restrict__ lse,  // (B, L)
-                         const AttentionProblem p,
-                         const bool longest_first) {  // causal work order (see the launcher)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (B, L, D)
+                                                  const T* __restrict__ k,  // (B, S, D)
+                                                  const T* __restrict__ v,  // (B, S, D)
+                                                  T* __restrict__ out,      // (B, L, D)
+                                                  float* __restrict__ lse,  // (B, L)
+                                                  const AttentionProblem p,
+                                                  const bool longest_first) {
   constexpr int D = F::kHeadDim;
   constexpr int kMTiles = F::kMTiles, kNTiles = F::kNTiles, kDTiles = F::kDTiles;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -509,7 +511,20 @@ __global__ void __launch_bounds__(F::kThreads, 8 / F::kWarps)
     }
     __syncthreads();  // the next work item's copies overwrite Q, K and V tiles
   }
-#endif  // __CUDA_ARCH__ >= 800
+}
+
+template <typename T, class F>
+__global__ void __launch_bounds__(F::kThreads, 8 / F::kWarps)
+    flash_forward_kernel(const T* __restrict__ q,  // (B, L, D)
+                         const T* __restrict__ k,  // (B, S, D)
+                         const T* __restrict__ v,  // (B, S, D)
+                         T* __restrict__ out,      // (B, L, D)
+                         float* __restrict__ lse,  // (B, L)
+                         const AttentionProblem p,
+                         const bool longest_first) {  // causal work order (see the launcher)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  flash_forward_cta<T, F>(q, k, v, out, lse, p, longest_first);
+#endif
 }
 
 // ------------------------------------------------------------------------ host launchers

@@ -1,0 +1,398 @@
+// The forward for Hopper (compute capability 9.0) at head dim 128, bf16/fp16: the algorithm of
+// flash_forward.cuh (same online softmax on raw scores, same masks, same work order, the same
+// output bits in every case the kernels were compared on) with both matrix products on
+// warpgroup MMA (wgmma.mma_async, sm_90a; wrappers and operand layouts in wgmma.cuh). A wgmma
+// reads its B operand, and here also A of S = Q K^T, straight from shared memory, without the
+// ldmatrix round trips through registers that mma.sync needs: 1.4x the mma.sync kernel at
+// S = 4096 on an H200 (perf/NOTES.md, v11).
+//
+// The launcher takes bf16/fp16 at head dim 128 on a device of compute capability 9.0 and
+// declines everything else (the caller then tries flash_forward.cuh). The wgmma body exists
+// only in an sm_90a image (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In
+// any other image the kernel runs flash_forward.cuh's mma.sync body with a tiling of the same
+// CTA shape: slower, never wrong.
+//
+// No torch includes: CI compile-checks this header for sm_90a and sm_90 without a GPU.
+//
+// ---------------------------------------------------------------------------------- tiling
+// A CTA is 2 warpgroups (8 warps, 256 threads) and owns kBlockM = 128 query rows of one batch
+// item: warpgroup wg rows [64 wg, 64 wg + 64), its warp w rows 16 w .. 16 w + 15 of those. Key
+// blocks of kBlockN = 64 keys, double-buffered by cp.async exactly as in flash_forward.cuh (one
+// barrier per block). Per key block and warpgroup:
+//   S (64 x 64, 32 f32 per thread) = Q K^T: 8 wgmma m64n64k16, Q and K from shared memory
+//   online softmax in registers, P = 2^(s c - m c), as flash_forward.cuh
+//   O (64 x 128, 64 f32 per thread) += P V: 4 wgmma m64n128k16, P from registers (the S
+//     accumulator packed in pairs is the A fragment), V from shared memory
+// Each product is waited for before its result is used: no overlap of softmax and MMA across
+// warpgroups (FlashAttention-3's ping-pong) and no producer warp or TMA, which is what its
+// remaining speed needs. Two CTAs per SM (97 KB of shared memory and 128 registers each).
+// Shared memory, 128-byte swizzle (wgmma.cuh), each tile as two [rows][64] halves of the head
+// dim: Q 32 KB, K and V 2 x 16 KB each; 96 KB + 1 KB to align the base to 1024 bytes.
+#ifndef FIXED_FLASH_FORWARD_SM90_CUH_
+#define FIXED_FLASH_FORWARD_SM90_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstddef>
+#include <cstdint>
+
+#include "attention_kernels.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
+#include "flash_common.cuh"       // cp.async, exp2, pack2, longest_first_pays, ...
+#include "flash_forward.cuh"      // flash_forward_cta: the body of images without wgmma
+#include "wgmma.cuh"              // wgmma.mma_async and descriptors
+
+namespace fixed_attention {
+namespace kernels {
+namespace flash {
+namespace sm90 {
+
+// The CTA's shape (constants in a struct: at namespace scope the host pass warns that it never
+// uses them).
+struct Tile {
+  static constexpr int kHeadDim = 128;
+  static constexpr int kBlockM = 128;  // 2 warpgroups x 64 rows
+  static constexpr int kBlockN = 64;
+  static constexpr int kThreads = 256;
+  static constexpr int kNTiles = kBlockN / 8;   // 8-key column tiles of S per warp
+  static constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of O per warp
+  static constexpr uint32_t kRowBytes = 128;    // one 64-element half row
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;   // 32 KB
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;  // 16 KB per K or V buffer
+  static constexpr std::size_t kWgmmaSmemBytes = kQBytes + 4 * kKVBytes + 1024;
+};
+// The mma.sync body of other images: 8 warps of one 16-row m-tile, the same 128-row CTA.
+using FallbackTiling = Tiling<Tile::kHeadDim, 64, 64, 1, false, 8>;
+static_assert(FallbackTiling::kBlockM == Tile::kBlockM &&
+              FallbackTiling::kThreads == Tile::kThreads);
+constexpr std::size_t kSmemBytes = Tile::kWgmmaSmemBytes > FallbackTiling::kSmemBytes
+                                       ? Tile::kWgmmaSmemBytes
+                                       : FallbackTiling::kSmemBytes;
+
+// Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a tile of kRows rows stored as
+// two [kRows][64] halves with the 128-byte swizzle.
+template <int kRows>
+__device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
+  return static_cast<uint32_t>((chunk >> 3) * kRows * Tile::kRowBytes + row * Tile::kRowBytes +
+                               (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+// Copies rows [0, valid_rows) of a (rows, 128) tile, zeros the rest (tails compute on zeros
+// and read nothing past a tensor's end, as in flash_forward.cuh).
+template <int kRows, typename T>
+__device__ __forceinline__ void load_tile_sw128(uint32_t tile, const T* src, int64_t valid_rows,
+                                                int tid) {
+  constexpr int kChunks = Tile::kHeadDim / 8;             // 16 per row
+  constexpr int kRowsPerPass = Tile::kThreads / kChunks;  // 16
+  const int chunk = tid % kChunks;
+  const int valid = static_cast<int>(valid_rows < kRows ? valid_rows : kRows);
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int row = pass * kRowsPerPass + tid / kChunks;
+    const uint32_t to = tile + sw128_offset<kRows>(row, chunk);
+    if (row < valid) {
+      cp_async_16(to, src + static_cast<int64_t>(row) * Tile::kHeadDim + chunk * 8);
+    } else {
+      st_shared_zero_16(to);
+    }
+  }
+}
+
+// The wgmma body: every work item of the grid-stride loop (sm_90a images only).
+template <typename T>
+__device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const T* __restrict__ k,
+                                                  const T* __restrict__ v, T* __restrict__ out,
+                                                  float* __restrict__ lse,
+                                                  const AttentionProblem p,
+                                                  const bool longest_first) {
+  constexpr int D = Tile::kHeadDim, kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
+  constexpr int kNTiles = Tile::kNTiles, kDTiles = Tile::kDTiles, kThreads = Tile::kThreads;
+  constexpr uint32_t kRowBytes = Tile::kRowBytes, kKVBytes = Tile::kKVBytes;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kLn2 = 0.6931471805599453f;
+  constexpr unsigned kFullMask = 0xffffffffu;
+  extern __shared__ uint4 sm90_smem[];
+  unsigned char* const smem_bytes = reinterpret_cast<unsigned char*>(sm90_smem);
+  const uint32_t smem_base = smem_addr(sm90_smem);
+  const uint32_t q_tile = (smem_base + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  const uint32_t k_tiles = q_tile + Tile::kQBytes;  // 2 buffers of kKVBytes
+  const uint32_t v_tiles = k_tiles + 2 * kKVBytes;  // 2 buffers of kKVBytes
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int warpgroup = warp >> 2;
+  const int g = lane >> 2;  // fragment row (groupID)
+  const int t = lane & 3;   // fragment column pair (threadID_in_group)
+  const int warp_row0 = warpgroup * 64 + (warp & 3) * 16;  // this warp's first row in the CTA
+  // This warpgroup's 64 Q rows: 8 swizzle atoms, in each half of the head dim.
+  const uint32_t q_rows = q_tile + static_cast<uint32_t>(warpgroup * 64) * kRowBytes;
+
+  const int64_t L = p.len_q, S = p.len_kv;
+  const int64_t row_blocks = ceil_div(L, kBlockM);
+  // As flash_forward.cuh: raw scores, c = |scale| log2(e) > 0, a negative scale negates Q.
+  const bool negate_q = p.scale < 0.f;
+  const float scale_log2 = fmaxf(fabsf(p.scale) * kLog2e, FLT_MIN);
+
+  for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
+    const int64_t b = longest_first ? item % p.batch : item / row_blocks;
+    const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
+    const int64_t m0 = (row_blocks - 1 - rank) * kBlockM;
+    const int64_t kv_b = b * S * D;
+    const int64_t key_end = p.causal ? min64(S, min64(m0 + kBlockM, L)) : S;
+    const int n_blocks = static_cast<int>(ceil_div(key_end, kBlockN));
+
+    load_tile_sw128<kBlockM>(q_tile, q + (b * L + m0) * D, L - m0, tid);
+    cp_async_commit();
+    load_tile_sw128<kBlockN>(k_tiles, k + kv_b, S, tid);
+    load_tile_sw128<kBlockN>(v_tiles, v + kv_b, S, tid);
+    cp_async_commit();
+    if (negate_q) {  // uniform; each thread flips the chunks of Q it copied itself
+      cp_async_wait<1>();
+      const int chunk = tid % 16;
+      for (int row = tid / 16; row < kBlockM; row += kThreads / 16) {
+        uint4* const at = reinterpret_cast<uint4*>(smem_bytes + (q_tile - smem_base) +
+                                                   sw128_offset<kBlockM>(row, chunk));
+        uint4 bits = *at;
+        bits.x ^= 0x80008000u;  // the sign bit of both 2-byte elements
+        bits.y ^= 0x80008000u;
+        bits.z ^= 0x80008000u;
+        bits.w ^= 0x80008000u;
+        *at = bits;
+      }
+    }
+
+    float o[kDTiles * 4];
+    float row_max[2], row_sum[2];  // rows g and g + 8 of the warp
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) {
+      o[i] = 0.f;
+    }
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+
+    for (int block = 0; block < n_blocks; ++block) {
+      const uint32_t buffer = static_cast<uint32_t>(block & 1) * kKVBytes;
+      cp_async_wait<0>();
+      fence_proxy_async_shared();  // this thread's copies (and Q's sign flips) to wgmma
+      __syncthreads();  // block visible to all warps; every warp done with the other buffer
+      if (block + 1 < n_blocks) {
+        const int64_t next = static_cast<int64_t>(block + 1) * kBlockN;
+        load_tile_sw128<kBlockN>(k_tiles + (kKVBytes - buffer), k + kv_b + next * D, S - next,
+                                 tid);
+        load_tile_sw128<kBlockN>(v_tiles + (kKVBytes - buffer), v + kv_b + next * D, S - next,
+                                 tid);
+      }
+      cp_async_commit();
+      const int64_t n0 = static_cast<int64_t>(block) * kBlockN;
+
+      // S = Q K^T. k-step ks covers head dims 16 ks .. 16 ks + 15: half ks / 4 of the tile, 32
+      // bytes into each 128-byte row.
+      float s[kNTiles * 4];
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t half = static_cast<uint32_t>(ks >> 2);
+        const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
+        const uint64_t desc_q =
+            sw128_descriptor(q_rows + half * kBlockM * kRowBytes + step, 16, 1024);
+        const uint64_t desc_k =
+            sw128_descriptor(k_tiles + buffer + half * kBlockN * kRowBytes + step, 16, 1024);
+        wgmma_m64n64k16_ss<T>(s, desc_q, desc_k, ks > 0);
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
+      wgmma_fence_operands(s);
+
+      // Masks, only where a key block crosses the end of the keys or (causal) the diagonal.
+      const bool tail = n0 + kBlockN > S;
+      const bool diagonal = p.causal && n0 + kBlockN - 1 > m0 + warp_row0;
+      if (tail || diagonal) {
+        const int key_limit = static_cast<int>(min64(S - n0, kBlockN));
+        // Key column c of row r (of the warp) is visible while c <= diag + r; clamped to int.
+        int64_t diag = p.causal ? m0 + warp_row0 - n0 : kBlockN;
+        diag = diag > kBlockN ? kBlockN : diag < -kBlockM ? -kBlockM : diag;
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = g + 8 * (e >> 1);
+            const int col = 8 * j + 2 * t + (e & 1);
+            if (col >= key_limit || col > static_cast<int>(diag) + row) {
+              s[4 * j + e] = -INFINITY;
+            }
+          }
+        }
+      }
+
+      // Online softmax on raw scores (flash_forward.cuh): rows g (h = 0) and g + 8 (h = 1).
+      float rescale[2];
+      bool grew = false;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float block_max = row_max[h];
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+          block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+        }
+        block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
+        block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
+        // A row with every key so far masked keeps max -inf: its probabilities are 2^-inf = 0.
+        const float max_log2 = block_max == -INFINITY ? 0.f : block_max * scale_log2;
+        const bool same = block_max == row_max[h];
+        grew = grew || !same;
+        rescale[h] = same ? 1.f : exp2_approx(fmaf(row_max[h], scale_log2, -max_log2));
+        row_max[h] = block_max;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], scale_log2, -max_log2));
+            s[4 * j + 2 * h + c] = prob;
+            sum += prob;
+          }
+        }
+        row_sum[h] = row_sum[h] * rescale[h] + sum;
+      }
+      if (__any_sync(kFullMask, grew)) {  // exact: the factor is 1 for rows that did not grow
+#pragma unroll
+        for (int j = 0; j < kDTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            o[4 * j + e] *= rescale[e >> 1];
+          }
+        }
+      }
+
+      // O += P V. P's A fragment for keys 16 kk .. 16 kk + 15 is S's n-tiles 2 kk and 2 kk + 1
+      // packed in pairs. V is MN-major: LBO = the distance between the two halves of the head
+      // dim, SBO = between 8-key atoms; 16 keys further per k-step.
+      uint32_t p_frag[kBlockN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          p_frag[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        }
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const uint64_t desc_v = sw128_descriptor(v_tiles + buffer + kk * 16 * kRowBytes,
+                                                 kBlockN * kRowBytes, 1024);
+        wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<0>();  // before the next barrier lets this V buffer be refilled
+      wgmma_fence_operands(o);
+    }
+    cp_async_wait<0>();  // the last, empty group
+
+    // O / rowsum straight to global memory (the rows are whole 256-byte lines), lse.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = row_sum[h];
+      sum += __shfl_xor_sync(kFullMask, sum, 1);
+      sum += __shfl_xor_sync(kFullMask, sum, 2);
+      const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+      const int64_t row = m0 + warp_row0 + g + 8 * h;
+      if (row < L) {
+        T* const out_row = out + (b * L + row) * D;
+#pragma unroll
+        for (int j = 0; j < kDTiles; ++j) {
+          *reinterpret_cast<uint32_t*>(out_row + 8 * j + 2 * t) =
+              pack2<T>(o[4 * j + 2 * h] * inv_sum, o[4 * j + 2 * h + 1] * inv_sum);
+        }
+        if (t == 0) {
+          lse[b * L + row] = sum > 0.f ? row_max[h] * scale_log2 * kLn2 + logf(sum) : -INFINITY;
+        }
+      }
+    }
+    __syncthreads();  // the next work item's copies overwrite the tiles
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(Tile::kThreads, 2)
+    flash_forward_sm90_kernel(const T* __restrict__ q,  // (B, L, 128)
+                              const T* __restrict__ k,  // (B, S, 128)
+                              const T* __restrict__ v,  // (B, S, 128)
+                              T* __restrict__ out,      // (B, L, 128)
+                              float* __restrict__ lse,  // (B, L)
+                              const AttentionProblem p,
+                              const bool longest_first) {  // causal work order
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  wgmma_forward_cta<T>(q, k, v, out, lse, p, longest_first);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  flash_forward_cta<T, FallbackTiling>(q, k, v, out, lse, p, longest_first);
+#endif
+}
+
+// Compute capability 9.0, the only one with wgmma. Any error answers no (the mma.sync kernel
+// is as correct) and is cleared, not left for the caller's launch check.
+inline bool current_device_is_sm90() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0;
+}
+
+template <typename T>
+bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
+             cudaStream_t stream) {
+  if (p.head_dim != Tile::kHeadDim || !current_device_is_sm90()) {
+    return false;
+  }
+  if (!detail::aligned16(q) || !detail::aligned16(k) || !detail::aligned16(v) ||
+      !detail::aligned16(out)) {
+    return false;  // 16-byte cp.async
+  }
+  auto* kernel = flash_forward_sm90_kernel<T>;
+  if (!detail::has_tensor_core_image(kernel)) {
+    return false;
+  }
+  const int64_t work = p.batch * ceil_div(p.len_q, Tile::kBlockM);
+  if (work <= 0) {
+    return true;  // empty: nothing to launch
+  }
+  kernels::detail::allow_shared_memory(kernel, kSmemBytes);
+  const bool longest_first =
+      p.causal && detail::longest_first_pays(p.batch, p.len_kv, p.head_dim);
+  kernel<<<kernels::detail::grid_for(work), Tile::kThreads, kSmemBytes, stream>>>(
+      q, k, v, out, lse, p, longest_first);
+  return true;
+}
+
+}  // namespace sm90
+}  // namespace flash
+
+// The launchers the glue calls before launch_flash_forward, one overload per dtype, with its
+// arguments and contract: true when the case is taken (one launch on `stream`, or none for
+// empty work), false having launched nothing when it is not (float32, head dims other than 128,
+// devices other than compute capability 9.0, misaligned inputs).
+inline bool launch_flash_forward_sm90(const float*, const float*, const float*, float*, float*,
+                                      const AttentionProblem&, cudaStream_t) {
+  return false;
+}
+inline bool launch_flash_forward_sm90(const __half* q, const __half* k, const __half* v,
+                                      __half* out, float* lse, const AttentionProblem& p,
+                                      cudaStream_t stream) {
+  return flash::sm90::forward(q, k, v, out, lse, p, stream);
+}
+inline bool launch_flash_forward_sm90(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                      const __nv_bfloat16* v, __nv_bfloat16* out, float* lse,
+                                      const AttentionProblem& p, cudaStream_t stream) {
+  return flash::sm90::forward(q, k, v, out, lse, p, stream);
+}
+
+}  // namespace kernels
+}  // namespace fixed_attention
+
+#endif  // FIXED_FLASH_FORWARD_SM90_CUH_

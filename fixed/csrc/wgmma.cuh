@@ -1,0 +1,146 @@
+// PTX wrappers for Hopper's warpgroup MMA (wgmma.mma_async, sm_90a only; PTX ISA 9.7.15), the
+// two shapes flash_forward_sm90.cuh uses. The instructions exist only in images compiled for
+// sm_90a: outside one (__CUDA_ARCH_FEAT_SM90_ALL undefined) every wrapper compiles to nothing,
+// and the caller must not reach it (the kernel takes its mma.sync body there).
+//
+// A warpgroup is 4 consecutive warps (128 threads) and issues each wgmma together. The f32
+// accumulator of an m64nNk16 is, per warp w of the group, the mma.sync C layout of rows
+// 16 w .. 16 w + 15: d[4 j + e] = D[16 w + g + 8 (e >> 1)][8 j + 2 t + (e & 1)] (g = lane >> 2,
+// t = lane & 3). An A operand from registers is, per warp, the mma.sync m16n8k16 A fragment.
+//
+// Operands in shared memory are named by a 64-bit matrix descriptor. Here every tile uses the
+// 128-byte swizzle (CUTLASS's Swizzle<3,4,3>): rows of 64 two-byte elements (128 bytes), in
+// atoms of 8 rows (1024 bytes, 1024-byte aligned) in which row r's 16-byte chunk c sits at
+// chunk c ^ (r & 7).
+//   K-major operand (the reduction dim contiguous: Q and K of S = Q K^T): start address of the
+//     first row at the k-step's 16 elements (32 bytes further per k-step, within the atom);
+//     stride byte offset (SBO) = 1024, the next 8 rows; the leading byte offset is unused.
+//   MN-major operand (N contiguous: V of O = P V, [key][d]): 64-element runs of N, 8 keys per
+//     atom; LBO = the distance between 64-wide runs of N, SBO = between 8-key atoms.
+// The async proxy reads shared memory: writes by st.shared or cp.async need
+// fence.proxy.async before the barrier that publishes them to the warpgroups.
+#ifndef FIXED_WGMMA_CUH_
+#define FIXED_WGMMA_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace fixed_attention {
+namespace kernels {
+namespace flash {
+
+// Matrix descriptor: start address, LBO and SBO (bytes >> 4, 14 bits each) and the swizzle
+// mode in bits 62-63 (1: 128-byte swizzle).
+__device__ __forceinline__ uint64_t sw128_descriptor(uint32_t smem_address, uint32_t lbo,
+                                                     uint32_t sbo) {
+  return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FIXED_WGMMA_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define FIXED_WGMMA_ASM(...) \
+  do {                       \
+  } while (0)
+#endif
+
+// Orders this thread's register accesses before the warpgroup's next wgmma (needed before the
+// first one and whenever the accumulators or A registers were touched since).
+__device__ __forceinline__ void wgmma_fence() {
+  FIXED_WGMMA_ASM("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit_group() {
+  FIXED_WGMMA_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait_group() {
+  FIXED_WGMMA_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Makes this thread's generic-proxy shared-memory writes visible to the async proxy.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  FIXED_WGMMA_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// The compiler does not know that a wgmma writes its accumulators asynchronously: an empty asm
+// that "modifies" them keeps their uses after the wait.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&registers)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    asm volatile("" : "+f"(registers[i])::"memory");
+  }
+}
+
+#define FIXED_WGMMA_D8(i)                                                                 \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FIXED_WGMMA_D32 \
+  FIXED_WGMMA_D8(0), FIXED_WGMMA_D8(8), FIXED_WGMMA_D8(16), FIXED_WGMMA_D8(24)
+#define FIXED_WGMMA_D64                                                             \
+  FIXED_WGMMA_D8(0), FIXED_WGMMA_D8(8), FIXED_WGMMA_D8(16), FIXED_WGMMA_D8(24),     \
+      FIXED_WGMMA_D8(32), FIXED_WGMMA_D8(40), FIXED_WGMMA_D8(48), FIXED_WGMMA_D8(56)
+#define FIXED_WGMMA_REGS32                                                               \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FIXED_WGMMA_REGS64                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "     \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
+  "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
+  "%55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+// D (64 x 64, f32) = A B (+ D when accumulate): A 64 x 16 and B 16 x 64 both K-major in shared
+// memory.
+#define FIXED_WGMMA_M64N64K16_SS(TYPE)                                                      \
+  FIXED_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                              \
+                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "           \
+                  FIXED_WGMMA_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                      \
+                  : FIXED_WGMMA_D32                                                         \
+                  : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)))
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a,
+                                                   uint64_t desc_b, bool accumulate) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    FIXED_WGMMA_M64N64K16_SS("bf16");
+  } else {
+    FIXED_WGMMA_M64N64K16_SS("f16");
+  }
+}
+
+// D (64 x 128, f32) += A B: A 64 x 16 from registers (the mma.sync A fragment per warp), B
+// 16 x 128 MN-major in shared memory (the trailing 1: B transposed, N contiguous).
+#define FIXED_WGMMA_M64N128K16_RS(TYPE)                                                      \
+  FIXED_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                               \
+                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "           \
+                  FIXED_WGMMA_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"        \
+                  : FIXED_WGMMA_D64                                                          \
+                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1u))
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                    uint64_t desc_b) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    FIXED_WGMMA_M64N128K16_RS("bf16");
+  } else {
+    FIXED_WGMMA_M64N128K16_RS("f16");
+  }
+}
+
+#undef FIXED_WGMMA_M64N128K16_RS
+#undef FIXED_WGMMA_M64N64K16_SS
+#undef FIXED_WGMMA_REGS64
+#undef FIXED_WGMMA_REGS32
+#undef FIXED_WGMMA_D64
+#undef FIXED_WGMMA_D32
+#undef FIXED_WGMMA_D8
+#undef FIXED_WGMMA_ASM
+
+}  // namespace flash
+}  // namespace kernels
+}  // namespace fixed_attention
+
+#endif  // FIXED_WGMMA_CUH_
