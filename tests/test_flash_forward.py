@@ -1,6 +1,6 @@
 """fixed/'s tensor-core forwards (bf16 and fp16, head dims 64 and 128: fixed/csrc/
-flash_forward.cuh, mma.sync; on compute capability 9.0 at head dim 128 flash_forward_sm90.cuh,
-wgmma) on a GPU: output and logsumexp against the float64 reference, against the generic
+flash_forward.cuh, mma.sync; on compute capability 9.0 flash_forward_sm90.cuh, wgmma) on a
+GPU: output and logsumexp against the float64 reference, against the generic
 float32 kernel, ragged lengths, L != S, causal, non-contiguous and misaligned inputs, that the
 kernel is the one that ran (and on Hopper that its image has wgmma), and compute-sanitizer.
 Every test needs CUDA and skips, saying so, without it. Inputs are fresh each run;
@@ -60,7 +60,7 @@ CASES = [
     ((1,), 4097, 4097),
 ]
 FLASH_KERNEL = "flash_forward_kernel"  # mma.sync
-SM90_KERNEL = "flash_forward_sm90_kernel"  # wgmma: head dim 128 on compute capability 9.0
+SM90_KERNEL = "flash_forward_sm90_kernel"  # wgmma: compute capability 9.0
 
 
 fixed = pytest.fixture(fixed_with_cuda_kernels, scope="module", name="fixed")
@@ -197,9 +197,9 @@ def kernels_launched(q, k, v, causal=False):
 
 
 def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
-    """bf16/fp16 with head dim 64 or 128 take a flash kernel, one launch: the wgmma one at head
-    dim 128 on compute capability 9.0, the mma.sync one otherwise; float32, other head dims and
-    misaligned inputs take the generic one. Without this, a dispatch that always falls back
+    """bf16/fp16 with head dim 64 or 128 take a flash kernel, one launch: the wgmma one on
+    compute capability 9.0, the mma.sync one elsewhere; float32, other head dims and misaligned
+    inputs take the generic one. Without this, a dispatch that always falls back
     would pass every result test above."""
     generator = torch.Generator().manual_seed(seed)
     probe = make_inputs((2,), 100, 100, 64, torch.float32, generator)
@@ -208,7 +208,7 @@ def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
     hopper = torch.cuda.get_device_capability() == (9, 0)
     for dtype in DTYPES:
         for head_dim in HEAD_DIMS:
-            expected = SM90_KERNEL if hopper and head_dim == 128 else FLASH_KERNEL
+            expected = SM90_KERNEL if hopper else FLASH_KERNEL
             for causal in (False, True):
                 names = kernels_launched(
                     *make_inputs((2, 3), 100, 150, head_dim, dtype, generator), causal=causal
@@ -256,7 +256,7 @@ def test_hopper_images_hold_the_wgmma_forward(fixed):
         check=True,
     ).stdout
     functions = [part for part in sass.split("Function : ")[1:] if SM90_KERNEL in part[:300]]
-    assert len(functions) == 2, f"expected the bf16 and fp16 {SM90_KERNEL}, found {len(functions)}"
+    assert len(functions) == 4, f"expected {SM90_KERNEL} x 2 dtypes x 2 head dims: {len(functions)}"
     for function in functions:
         assert "HGMMA" in function, f"no HGMMA in {function.splitlines()[0]}"
 

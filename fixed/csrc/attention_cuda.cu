@@ -102,9 +102,8 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& quer
   const kernels::AttentionProblem problem = make_problem(shape, scale, causal);
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
-    // The fastest kernel that covers the case: Hopper's wgmma kernel (half/bfloat16, head dim
-    // 128, compute capability 9.0), the mma.sync one (half/bfloat16, head dim 64 or 128), the
-    // generic one. Each launcher declines what it does not cover, having launched nothing;
+    // The fastest kernel that covers the case: Hopper's wgmma one (compute capability 9.0),
+    // the mma.sync one (both for half/bfloat16 at head dim 64 or 128), the generic one. Each launcher declines what it does not cover, having launched nothing;
     // either way exactly one launch, checked below.
     const auto* q_ptr = cuda_ptr<scalar_t>(q);
     const auto* k_ptr = cuda_ptr<scalar_t>(k);

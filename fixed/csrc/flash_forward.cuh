@@ -4,7 +4,7 @@
 // other head dims, inputs not 16-byte aligned, no sm_80+ image of the kernel for the device);
 // the caller then runs the generic kernel of attention_kernels.cuh: the same function. On
 // Hopper (compute capability 9.0) the caller tries flash_forward_sm90.cuh (wgmma) first, which
-// takes head dim 128; its kernel runs flash_forward_cta below in images without wgmma.
+// takes both head dims; its kernel runs flash_forward_cta below in images without wgmma.
 //
 // No torch includes, so CI compile-checks this header on a machine without a GPU:
 //   nvcc -arch=sm_90 -x cu -c fixed/csrc/flash_forward.cuh -o /dev/null

@@ -1,12 +1,12 @@
-// The forward for Hopper (compute capability 9.0) at head dim 128, bf16/fp16: the algorithm of
-// flash_forward.cuh (same online softmax on raw scores, same masks, same work order, the same
-// output bits in every case the kernels were compared on) with both matrix products on
-// warpgroup MMA (wgmma.mma_async, sm_90a; wrappers and operand layouts in wgmma.cuh). A wgmma
-// reads its B operand, and here also A of S = Q K^T, straight from shared memory, without the
-// ldmatrix round trips through registers that mma.sync needs: 1.4x the mma.sync kernel at
-// S = 4096 on an H200 (perf/NOTES.md, v11).
+// The forward for Hopper (compute capability 9.0), bf16/fp16, head dims 64 and 128: the
+// algorithm of flash_forward.cuh (same online softmax on raw scores, same masks, same work
+// order, the same output bits in every case the kernels were compared on) with both matrix
+// products on warpgroup MMA (wgmma.mma_async, sm_90a; wrappers and operand layouts in
+// wgmma.cuh). A wgmma reads its B operand, and here also A of S = Q K^T, straight from shared
+// memory, without the ldmatrix round trips through registers that mma.sync needs: at S = 4096
+// on an H200, 1.4x the mma.sync kernel at D = 128 and 1.06x at D = 64 (perf/NOTES.md, v11).
 //
-// The launcher takes bf16/fp16 at head dim 128 on a device of compute capability 9.0 and
+// The launcher takes bf16/fp16 at head dim 64 or 128 on a device of compute capability 9.0 and
 // declines everything else (the caller then tries flash_forward.cuh). The wgmma body exists
 // only in an sm_90a image (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In
 // any other image the kernel runs flash_forward.cuh's mma.sync body with a tiling of the same
@@ -19,15 +19,16 @@
 // item: warpgroup wg rows [64 wg, 64 wg + 64), its warp w rows 16 w .. 16 w + 15 of those. Key
 // blocks of kBlockN = 64 keys, double-buffered by cp.async exactly as in flash_forward.cuh (one
 // barrier per block). Per key block and warpgroup:
-//   S (64 x 64, 32 f32 per thread) = Q K^T: 8 wgmma m64n64k16, Q and K from shared memory
+//   S (64 x 64, 32 f32 per thread) = Q K^T: D / 16 wgmma m64n64k16, Q and K from shared memory
 //   online softmax in registers, P = 2^(s c - m c), as flash_forward.cuh
-//   O (64 x 128, 64 f32 per thread) += P V: 4 wgmma m64n128k16, P from registers (the S
+//   O (64 x D, D / 2 f32 per thread) += P V: 4 wgmma m64nDk16, P from registers (the S
 //     accumulator packed in pairs is the A fragment), V from shared memory
 // Each product is waited for before its result is used: no overlap of softmax and MMA across
 // warpgroups (FlashAttention-3's ping-pong) and no producer warp or TMA, which is what its
-// remaining speed needs. Two CTAs per SM (97 KB of shared memory and 128 registers each).
-// Shared memory, 128-byte swizzle (wgmma.cuh), each tile as two [rows][64] halves of the head
-// dim: Q 32 KB, K and V 2 x 16 KB each; 96 KB + 1 KB to align the base to 1024 bytes.
+// remaining speed needs. Two CTAs per SM (D = 128: 97 KB of shared memory, 128 registers;
+// D = 64: 49 KB, 100 registers). Shared memory, 128-byte swizzle (wgmma.cuh), each tile stored
+// as D / 64 [rows][64] halves of the head dim: at D = 128 Q 32 KB, K and V 2 x 16 KB each; 1 KB
+// more to align the base to 1024 bytes.
 #ifndef FIXED_FLASH_FORWARD_SM90_CUH_
 #define FIXED_FLASH_FORWARD_SM90_CUH_
 
@@ -49,43 +50,45 @@ namespace kernels {
 namespace flash {
 namespace sm90 {
 
-// The CTA's shape (constants in a struct: at namespace scope the host pass warns that it never
-// uses them).
+// The CTA's shape for head dim 64 or 128.
+template <int kHeadDim_>
 struct Tile {
-  static constexpr int kHeadDim = 128;
+  static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = 128;  // 2 warpgroups x 64 rows
   static constexpr int kBlockN = 64;
   static constexpr int kThreads = 256;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kNTiles = kBlockN / 8;   // 8-key column tiles of S per warp
   static constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of O per warp
   static constexpr uint32_t kRowBytes = 128;    // one 64-element half row
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;   // 32 KB
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;   // 32 KB at D = 128
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;  // 16 KB per K or V buffer
+  // The mma.sync body of other images: 8 warps of one 16-row m-tile, the same 128-row CTA.
+  using Fallback = Tiling<kHeadDim, 64, 64, 1, false, 8>;
   static constexpr std::size_t kWgmmaSmemBytes = kQBytes + 4 * kKVBytes + 1024;
+  static constexpr std::size_t kSmemBytes = kWgmmaSmemBytes > Fallback::kSmemBytes
+                                                ? kWgmmaSmemBytes
+                                                : Fallback::kSmemBytes;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element halves per row");
+  static_assert(Fallback::kBlockM == kBlockM && Fallback::kThreads == kThreads);
 };
-// The mma.sync body of other images: 8 warps of one 16-row m-tile, the same 128-row CTA.
-using FallbackTiling = Tiling<Tile::kHeadDim, 64, 64, 1, false, 8>;
-static_assert(FallbackTiling::kBlockM == Tile::kBlockM &&
-              FallbackTiling::kThreads == Tile::kThreads);
-constexpr std::size_t kSmemBytes = Tile::kWgmmaSmemBytes > FallbackTiling::kSmemBytes
-                                       ? Tile::kWgmmaSmemBytes
-                                       : FallbackTiling::kSmemBytes;
 
-// Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a tile of kRows rows stored as
-// two [kRows][64] halves with the 128-byte swizzle.
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of kRows rows stored as
+// [D / 64][kRows][64] (64-element halves of the head dim) with the 128-byte swizzle.
 template <int kRows>
 __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
-  return static_cast<uint32_t>((chunk >> 3) * kRows * Tile::kRowBytes + row * Tile::kRowBytes +
+  constexpr uint32_t kRowBytes = 128;
+  return static_cast<uint32_t>((chunk >> 3) * kRows * kRowBytes + row * kRowBytes +
                                (((chunk & 7) ^ (row & 7)) << 4));
 }
 
-// Copies rows [0, valid_rows) of a (rows, 128) tile, zeros the rest (tails compute on zeros
-// and read nothing past a tensor's end, as in flash_forward.cuh).
-template <int kRows, typename T>
+// Copies rows [0, valid_rows) of a (rows, D) tile, zeros the rest (tails compute on zeros and
+// read nothing past a tensor's end, as in flash_forward.cuh).
+template <class F, int kRows, typename T>
 __device__ __forceinline__ void load_tile_sw128(uint32_t tile, const T* src, int64_t valid_rows,
                                                 int tid) {
-  constexpr int kChunks = Tile::kHeadDim / 8;             // 16 per row
-  constexpr int kRowsPerPass = Tile::kThreads / kChunks;  // 16
+  constexpr int kChunks = F::kChunks;
+  constexpr int kRowsPerPass = F::kThreads / kChunks;
   const int chunk = tid % kChunks;
   const int valid = static_cast<int>(valid_rows < kRows ? valid_rows : kRows);
 #pragma unroll
@@ -93,7 +96,7 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t tile, const T* src, int
     const int row = pass * kRowsPerPass + tid / kChunks;
     const uint32_t to = tile + sw128_offset<kRows>(row, chunk);
     if (row < valid) {
-      cp_async_16(to, src + static_cast<int64_t>(row) * Tile::kHeadDim + chunk * 8);
+      cp_async_16(to, src + static_cast<int64_t>(row) * F::kHeadDim + chunk * 8);
     } else {
       st_shared_zero_16(to);
     }
@@ -101,15 +104,16 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t tile, const T* src, int
 }
 
 // The wgmma body: every work item of the grid-stride loop (sm_90a images only).
-template <typename T>
+template <typename T, class F>
 __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const T* __restrict__ k,
                                                   const T* __restrict__ v, T* __restrict__ out,
                                                   float* __restrict__ lse,
                                                   const AttentionProblem p,
                                                   const bool longest_first) {
-  constexpr int D = Tile::kHeadDim, kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
-  constexpr int kNTiles = Tile::kNTiles, kDTiles = Tile::kDTiles, kThreads = Tile::kThreads;
-  constexpr uint32_t kRowBytes = Tile::kRowBytes, kKVBytes = Tile::kKVBytes;
+  constexpr int D = F::kHeadDim, kBlockM = F::kBlockM, kBlockN = F::kBlockN;
+  constexpr int kNTiles = F::kNTiles, kDTiles = F::kDTiles, kThreads = F::kThreads;
+  constexpr int kChunks = F::kChunks;
+  constexpr uint32_t kRowBytes = F::kRowBytes, kKVBytes = F::kKVBytes;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
   constexpr unsigned kFullMask = 0xffffffffu;
@@ -117,7 +121,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   unsigned char* const smem_bytes = reinterpret_cast<unsigned char*>(sm90_smem);
   const uint32_t smem_base = smem_addr(sm90_smem);
   const uint32_t q_tile = (smem_base + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
-  const uint32_t k_tiles = q_tile + Tile::kQBytes;  // 2 buffers of kKVBytes
+  const uint32_t k_tiles = q_tile + F::kQBytes;  // 2 buffers of kKVBytes
   const uint32_t v_tiles = k_tiles + 2 * kKVBytes;  // 2 buffers of kKVBytes
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -144,15 +148,15 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
     const int64_t key_end = p.causal ? min64(S, min64(m0 + kBlockM, L)) : S;
     const int n_blocks = static_cast<int>(ceil_div(key_end, kBlockN));
 
-    load_tile_sw128<kBlockM>(q_tile, q + (b * L + m0) * D, L - m0, tid);
+    load_tile_sw128<F, kBlockM>(q_tile, q + (b * L + m0) * D, L - m0, tid);
     cp_async_commit();
-    load_tile_sw128<kBlockN>(k_tiles, k + kv_b, S, tid);
-    load_tile_sw128<kBlockN>(v_tiles, v + kv_b, S, tid);
+    load_tile_sw128<F, kBlockN>(k_tiles, k + kv_b, S, tid);
+    load_tile_sw128<F, kBlockN>(v_tiles, v + kv_b, S, tid);
     cp_async_commit();
     if (negate_q) {  // uniform; each thread flips the chunks of Q it copied itself
       cp_async_wait<1>();
-      const int chunk = tid % 16;
-      for (int row = tid / 16; row < kBlockM; row += kThreads / 16) {
+      const int chunk = tid % kChunks;
+      for (int row = tid / kChunks; row < kBlockM; row += kThreads / kChunks) {
         uint4* const at = reinterpret_cast<uint4*>(smem_bytes + (q_tile - smem_base) +
                                                    sw128_offset<kBlockM>(row, chunk));
         uint4 bits = *at;
@@ -180,9 +184,9 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
       __syncthreads();  // block visible to all warps; every warp done with the other buffer
       if (block + 1 < n_blocks) {
         const int64_t next = static_cast<int64_t>(block + 1) * kBlockN;
-        load_tile_sw128<kBlockN>(k_tiles + (kKVBytes - buffer), k + kv_b + next * D, S - next,
+        load_tile_sw128<F, kBlockN>(k_tiles + (kKVBytes - buffer), k + kv_b + next * D, S - next,
                                  tid);
-        load_tile_sw128<kBlockN>(v_tiles + (kKVBytes - buffer), v + kv_b + next * D, S - next,
+        load_tile_sw128<F, kBlockN>(v_tiles + (kKVBytes - buffer), v + kv_b + next * D, S - next,
                                  tid);
       }
       cp_async_commit();
@@ -268,8 +272,8 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
       }
 
       // O += P V. P's A fragment for keys 16 kk .. 16 kk + 15 is S's n-tiles 2 kk and 2 kk + 1
-      // packed in pairs. V is MN-major: LBO = the distance between the two halves of the head
-      // dim, SBO = between 8-key atoms; 16 keys further per k-step.
+      // packed in pairs. V is MN-major: LBO = the distance between the halves of the head dim
+      // (unused at D = 64), SBO = between 8-key atoms; 16 keys further per k-step.
       uint32_t p_frag[kBlockN / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -283,7 +287,11 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
         const uint64_t desc_v = sw128_descriptor(v_tiles + buffer + kk * 16 * kRowBytes,
                                                  kBlockN * kRowBytes, 1024);
-        wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);
+        if constexpr (D == 128) {
+          wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);
+        } else {
+          wgmma_m64n64k16_rs<T>(o, p_frag[kk], desc_v);
+        }
       }
       wgmma_commit_group();
       wgmma_wait_group<0>();  // before the next barrier lets this V buffer be refilled
@@ -291,7 +299,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
     }
     cp_async_wait<0>();  // the last, empty group
 
-    // O / rowsum straight to global memory (the rows are whole 256-byte lines), lse.
+    // O / rowsum straight to global memory (each warp writes whole rows), lse.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = row_sum[h];
@@ -315,19 +323,19 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(Tile::kThreads, 2)
-    flash_forward_sm90_kernel(const T* __restrict__ q,  // (B, L, 128)
-                              const T* __restrict__ k,  // (B, S, 128)
-                              const T* __restrict__ v,  // (B, S, 128)
-                              T* __restrict__ out,      // (B, L, 128)
+template <typename T, class F>
+__global__ void __launch_bounds__(F::kThreads, 2)
+    flash_forward_sm90_kernel(const T* __restrict__ q,  // (B, L, D)
+                              const T* __restrict__ k,  // (B, S, D)
+                              const T* __restrict__ v,  // (B, S, D)
+                              T* __restrict__ out,      // (B, L, D)
                               float* __restrict__ lse,  // (B, L)
                               const AttentionProblem p,
                               const bool longest_first) {  // causal work order
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  wgmma_forward_cta<T>(q, k, v, out, lse, p, longest_first);
+  wgmma_forward_cta<T, F>(q, k, v, out, lse, p, longest_first);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  flash_forward_cta<T, FallbackTiling>(q, k, v, out, lse, p, longest_first);
+  flash_forward_cta<T, typename F::Fallback>(q, k, v, out, lse, p, longest_first);
 #endif
 }
 
@@ -344,30 +352,37 @@ inline bool current_device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
+template <typename T, class F>
+bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
+            cudaStream_t stream) {
+  auto* kernel = flash_forward_sm90_kernel<T, F>;
+  if (!detail::has_tensor_core_image(kernel)) {
+    return false;
+  }
+  const int64_t work = p.batch * ceil_div(p.len_q, F::kBlockM);
+  if (work <= 0) {
+    return true;  // empty: nothing to launch
+  }
+  kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
+  const bool longest_first =
+      p.causal && detail::longest_first_pays(p.batch, p.len_kv, p.head_dim);
+  kernel<<<kernels::detail::grid_for(work), F::kThreads, F::kSmemBytes, stream>>>(
+      q, k, v, out, lse, p, longest_first);
+  return true;
+}
+
 template <typename T>
 bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
              cudaStream_t stream) {
-  if (p.head_dim != Tile::kHeadDim || !current_device_is_sm90()) {
+  if ((p.head_dim != 64 && p.head_dim != 128) || !current_device_is_sm90()) {
     return false;
   }
   if (!detail::aligned16(q) || !detail::aligned16(k) || !detail::aligned16(v) ||
       !detail::aligned16(out)) {
     return false;  // 16-byte cp.async
   }
-  auto* kernel = flash_forward_sm90_kernel<T>;
-  if (!detail::has_tensor_core_image(kernel)) {
-    return false;
-  }
-  const int64_t work = p.batch * ceil_div(p.len_q, Tile::kBlockM);
-  if (work <= 0) {
-    return true;  // empty: nothing to launch
-  }
-  kernels::detail::allow_shared_memory(kernel, kSmemBytes);
-  const bool longest_first =
-      p.causal && detail::longest_first_pays(p.batch, p.len_kv, p.head_dim);
-  kernel<<<kernels::detail::grid_for(work), Tile::kThreads, kSmemBytes, stream>>>(
-      q, k, v, out, lse, p, longest_first);
-  return true;
+  return p.head_dim == 64 ? launch<T, Tile<64>>(q, k, v, out, lse, p, stream)
+                          : launch<T, Tile<128>>(q, k, v, out, lse, p, stream);
 }
 
 }  // namespace sm90

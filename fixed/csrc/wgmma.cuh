@@ -1,5 +1,5 @@
 // PTX wrappers for Hopper's warpgroup MMA (wgmma.mma_async, sm_90a only; PTX ISA 9.7.15), the
-// two shapes flash_forward_sm90.cuh uses. The instructions exist only in images compiled for
+// shapes flash_forward_sm90.cuh uses. The instructions exist only in images compiled for
 // sm_90a: outside one (__CUDA_ARCH_FEAT_SM90_ALL undefined) every wrapper compiles to nothing,
 // and the caller must not reach it (the kernel takes its mma.sync body there).
 //
@@ -130,6 +130,25 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
   }
 }
 
+// The same with B 16 x 64 (head dim 64).
+#define FIXED_WGMMA_M64N64K16_RS(TYPE)                                                       \
+  FIXED_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                               \
+                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "            \
+                  FIXED_WGMMA_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"        \
+                  : FIXED_WGMMA_D32                                                          \
+                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1u))
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4],
+                                                   uint64_t desc_b) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    FIXED_WGMMA_M64N64K16_RS("bf16");
+  } else {
+    FIXED_WGMMA_M64N64K16_RS("f16");
+  }
+}
+
+#undef FIXED_WGMMA_M64N64K16_RS
 #undef FIXED_WGMMA_M64N128K16_RS
 #undef FIXED_WGMMA_M64N64K16_SS
 #undef FIXED_WGMMA_REGS64
