@@ -121,7 +121,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   unsigned char* const smem_bytes = reinterpret_cast<unsigned char*>(sm90_smem);
   const uint32_t smem_base = smem_addr(sm90_smem);
   const uint32_t q_tile = (smem_base + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
-  const uint32_t k_tiles = q_tile + F::kQBytes;  // 2 buffers of kKVBytes
+  const uint32_t k_tiles = q_tile + F::kQBytes;     // 2 buffers of kKVBytes
   const uint32_t v_tiles = k_tiles + 2 * kKVBytes;  // 2 buffers of kKVBytes
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -184,10 +184,9 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
       __syncthreads();  // block visible to all warps; every warp done with the other buffer
       if (block + 1 < n_blocks) {
         const int64_t next = static_cast<int64_t>(block + 1) * kBlockN;
-        load_tile_sw128<F, kBlockN>(k_tiles + (kKVBytes - buffer), k + kv_b + next * D, S - next,
-                                 tid);
-        load_tile_sw128<F, kBlockN>(v_tiles + (kKVBytes - buffer), v + kv_b + next * D, S - next,
-                                 tid);
+        const uint32_t other = kKVBytes - buffer;
+        load_tile_sw128<F, kBlockN>(k_tiles + other, k + kv_b + next * D, S - next, tid);
+        load_tile_sw128<F, kBlockN>(v_tiles + other, v + kv_b + next * D, S - next, tid);
       }
       cp_async_commit();
       const int64_t n0 = static_cast<int64_t>(block) * kBlockN;
@@ -390,8 +389,8 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
 
 // The launchers the glue calls before launch_flash_forward, one overload per dtype, with its
 // arguments and contract: true when the case is taken (one launch on `stream`, or none for
-// empty work), false having launched nothing when it is not (float32, head dims other than 128,
-// devices other than compute capability 9.0, misaligned inputs).
+// empty work), false having launched nothing when it is not (float32, head dims other than 64
+// and 128, devices other than compute capability 9.0, misaligned inputs).
 inline bool launch_flash_forward_sm90(const float*, const float*, const float*, float*, float*,
                                       const AttentionProblem&, cudaStream_t) {
   return false;
