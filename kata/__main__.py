@@ -3,26 +3,80 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import sys
+import warnings
+from pathlib import Path
 
 from kata import FLAWED_DIR, REPO_ROOT, KataError
 
 
-def _review(args) -> int:
-    from pathlib import Path
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one `kata: ` line (no usage block), as every error is."""
 
+    def error(self, message: str):
+        self.exit(2, f"kata: {message} (see `{self.prog} --help`)\n")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:  # 0 would time every probe out: fixed/ at 0%
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+MAX_SEED = 2**63 - 1  # what torch's generators take; review prints seeds below 2**31
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**63 - 1, got {text}")
+    return value
+
+
+def _flaw_ids(values: list[str] | None, catalog, round_number: int) -> list[str] | None:
+    """--only's ids, space- or comma-separated, each checked against the round's catalog."""
+    if values is None:
+        return None
+    ids = list(dict.fromkeys(i.strip() for value in values for i in value.split(",") if i.strip()))
+    known = [flaw.id for flaw in catalog]
+    unknown = [i for i in ids if i not in known]
+    if not ids:
+        problem = "no flaw id given"
+    elif unknown:
+        plural = "s" if len(unknown) > 1 else ""
+        problem = f"unknown flaw id{plural} {', '.join(map(repr, unknown))} in round {round_number}"
+    else:
+        return ids
+    raise KataError(f"--only: {problem}; known: {', '.join(known)}")
+
+
+def _review(args) -> int:
     from kata import report
     from kata.review import Implementation, resolve_implementation, run_review
 
     catalog, shipped_dir = _round(args.round)
+    only = _flaw_ids(args.only, catalog, args.round)
+    # Refused before the review, not after minutes of probes.
+    if args.markdown and not Path(args.markdown).resolve().parent.is_dir():
+        raise KataError(f"--markdown {args.markdown}: its directory does not exist")
+    if args.markdown and Path(args.markdown).is_dir():
+        raise KataError(f"--markdown {args.markdown}: a directory, not a file")
     if args.impl:
         implementation = resolve_implementation(args.impl)
     elif args.round == 2:
         implementation = Implementation("flawed/proposed_fix", "dir", shipped_dir)
     else:
         implementation = resolve_implementation("flawed")
-    only = args.only
     if args.explain:
         if not report.RUBRIC.exists():
             raise KataError("--explain is the interviewer's tool: this copy has no rubric.md")
@@ -46,7 +100,10 @@ def _review(args) -> int:
         return 0
     changes, bands = report.candidate_changes(review), report.level_bands()
     if args.markdown:
-        Path(args.markdown).write_text(report.format_markdown(review, changes, bands))
+        try:
+            Path(args.markdown).write_text(report.format_markdown(review, changes, bands))
+        except OSError as error:
+            raise KataError(f"cannot write {args.markdown}: {error.strerror}") from None
     if args.json:
         print(json.dumps(review.to_json(), indent=2))
     else:
@@ -68,10 +125,12 @@ def _round(number: int):
         from kata.catalog import CATALOG
 
         return CATALOG, FLAWED_DIR
-    try:
-        from kata import round2
-    except ModuleNotFoundError:
-        raise KataError("round two is not part of this copy of the kata") from None
+    # A handout leaves round2.py out. Asked by name, not by catching ImportError: that would
+    # also hide a real import error inside round2.py.
+    if importlib.util.find_spec("kata.round2") is None:
+        raise KataError("round two is not part of this copy of the kata")
+    from kata import round2
+
     return round2.CATALOG, round2.ROUND2_DIR
 
 
@@ -155,12 +214,14 @@ def _reset(args) -> int:
 
 
 def main(argv=None) -> int:
+    # torch without numpy warns at import, on stderr, between the tools' one-line errors.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
         from kata import bench
 
         return bench.main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m kata", description=__doc__)
+    parser = _Parser(prog="python -m kata", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     review = commands.add_parser("review", help="scorecard of an implementation")
@@ -181,9 +242,14 @@ def main(argv=None) -> int:
         "--explain", metavar="ID", help="one flaw in depth: its code, live evidence and rubric"
     )
     review.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    review.add_argument("--timeout", type=float, default=60.0, help="seconds per probe (60)")
-    review.add_argument("--seed", type=int, help="replay the random inputs of an earlier review")
-    review.add_argument("--only", nargs="+", metavar="ID", help="judge only these flaw ids")
+    review.add_argument("--timeout", type=_seconds, default=60.0, help="seconds per probe (60)")
+    review.add_argument("--seed", type=_seed, help="replay the random inputs of an earlier review")
+    review.add_argument(
+        "--only",
+        nargs="+",
+        metavar="ID",
+        help="judge only these flaw ids (dtype shape, or dtype,shape)",
+    )
     review.set_defaults(run=_review)
 
     hint = commands.add_parser("hint", help="the next hint for one flaw id")
@@ -221,6 +287,10 @@ def main(argv=None) -> int:
     except KataError as error:
         print(f"kata: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # review kills its probes on the way out (review.run_review)
+        newline = "\n" if sys.stderr.isatty() else ""  # after the terminal's ^C
+        print(f"{newline}kata: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -105,6 +105,25 @@ def _cuda_arch() -> str:
     return f"sm_{major}{minor}"
 
 
+REFERENCE_DIR = BUILD_DIR / "vendor-reference"
+
+
+def build_reference_library(flavour: str | None = None) -> Path:
+    """The shipped vendor library, built from kata/shipped_flawed.json (never from a working copy
+    a candidate may have edited): the kernel whose answers a wrapper must return."""
+    from kata import shipped
+
+    flavour = flavour or machine_flavour()
+    directory = REFERENCE_DIR / flavour
+    for name, text in shipped.shipped().items():
+        if name.startswith("vendor/"):
+            path = directory / name
+            if not path.exists() or path.read_text() != text:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    return build_vendor_library(directory, flavour)
+
+
 PLANTED_SOURCE = r"""
 // A library planted in the working directory by the library-path probe. Loading it leaves
 // a marker file behind; calling it computes nothing and touches no buffer (they may live on a

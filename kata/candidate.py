@@ -10,6 +10,7 @@ file under flawed/ is saved.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -68,11 +69,11 @@ class _Style:
     def __init__(self, stream):
         self.colour = stream.isatty() and not os.environ.get("NO_COLOR")
         try:
-            "✓✗–─".encode(stream.encoding or "ascii")
-            self.marks = {"fixed": "✓", "present": "✗", "skipped": "–"}
+            "✓✗◐–─".encode(stream.encoding or "ascii")
+            self.marks = {"fixed": "✓", "partial": "◐", "present": "✗", "skipped": "–"}
             self.rule = "─"
         except (LookupError, UnicodeEncodeError):
-            self.marks = {"fixed": "+", "present": "x", "skipped": "-"}
+            self.marks = {"fixed": "+", "partial": "~", "present": "x", "skipped": "-"}
             self.rule = "-"
 
     def paint(self, text: str, *codes: str) -> str:
@@ -81,7 +82,8 @@ class _Style:
         return f"\033[{';'.join(codes)}m{text}\033[0m"
 
     def status(self, text: str, status: str) -> str:
-        return self.paint(text, {"fixed": "32", "present": "31", "skipped": "2"}[status])
+        colours = {"fixed": "32", "partial": "33", "present": "31", "skipped": "2"}
+        return self.paint(text, colours[status])
 
 
 def _shown_dir(path: Path) -> str:
@@ -116,13 +118,32 @@ def format_check(review, style: _Style, *, watching: bool = False) -> tuple[str,
     progress = f"{len(fixed)}/{len(ran)} fixed on this machine"
     lines += ["", style.paint(progress, "1") + (f" ({skipped} skipped here)" if skipped else "")]
 
-    failures = [r for r in ran if r.result.status == "present"]
+    # A partial fix is still a failing check: some of query, key and value go unchecked.
+    failures = [r for r in ran if r.result.status in ("present", "partial")]
     if not failures:
         lines += ["", style.paint(f"Every check that runs here passes ({len(ran)}).", "1", "32")]
         if skipped:
             lines.append("The skipped ones need hardware this machine lacks: they do not count.")
         lines.append("Well done. Tell your interviewer, and say what you would look at next.")
         return "\n".join(lines), 0
+
+    if cause := getattr(review, "import_failure", None):
+        # One cause behind every red line: the first flaw's hint would send them the wrong way.
+        name = "attention_wrapper.py" if review.implementation.kind == "dir" else "fixed/"
+        lines += [
+            "",
+            style.paint(f"{name} does not import:", "1") + f" {cause.rstrip('.')}.",
+            "Fix that first: every check needs it.",
+            "",
+        ]
+        if watching:
+            where = _shown_dir(review.implementation.path)
+            lines.append(f"Next: fix it; save a file in {where} to check again.")
+        else:
+            lines.append(
+                "Next: fix it, then run `make kata` again (`make watch` re-runs it on every save)."
+            )
+        return "\n".join(lines), 1
 
     first = failures[0]
     replay = f"python -m kata review --only {first.flaw.id} --seed {review.seed}"
@@ -274,6 +295,7 @@ def handout_files(round_number: int = 1) -> dict[str, str]:
             continue
         if relative.as_posix() not in INTERVIEWER_ONLY:
             files[f"kata/{relative.as_posix()}"] = path.read_text()
+    files["kata/catalog.py"] = sealed_catalog(files["kata/catalog.py"])
     files[f"kata/{shipped.MANIFEST.name}"] = json.dumps(flawed, indent=1, sort_keys=True) + "\n"
     files["Makefile"] = HANDOUT_MAKEFILE.read_text()
     files["README.md"] = BRIEF.read_text()
@@ -281,6 +303,43 @@ def handout_files(round_number: int = 1) -> dict[str, str]:
     gitignore = (REPO_ROOT / ".gitignore").read_text().splitlines()
     files[".gitignore"] = "".join(f"{line}\n" for line in gitignore if "fixed" not in line)
     return files
+
+
+def sealed_catalog(source: str) -> str:
+    """kata/catalog.py for a handout: each flaw's `where=` and `hints=` replaced by SEALED, their
+    texts in _SEALED_ANSWERS, encoded (see kata/catalog.py). The answers come from the catalog
+    as imported, the places to cut from the source's syntax tree: comments and layout stay."""
+    from kata import catalog
+
+    answers = {f.id: {"where": f.where, "hints": list(f.hints)} for f in catalog.CATALOG}
+    blob = catalog.seal(answers)
+    chunks = "".join(f'    "{blob[i : i + 90]}"\n' for i in range(0, len(blob), 90))
+    encoded = source.encode()  # the tree's columns count UTF-8 bytes
+    starts = [0]
+    for line in encoded.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+
+    def span(node: ast.expr) -> tuple[int, int]:
+        start = starts[node.lineno - 1] + node.col_offset
+        return start, starts[node.end_lineno - 1] + node.end_col_offset
+
+    cuts: list[tuple[tuple[int, int], str]] = []
+    sealed: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_flaw":
+            values = [kw.value for kw in node.keywords if kw.arg in ("where", "hints")]
+            cuts += [(span(value), "SEALED") for value in values]
+            sealed += [ast.literal_eval(node.args[0])] * len(values)
+        elif (
+            isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_SEALED_ANSWERS"
+        ):
+            cuts.append((span(node.value), f"(\n{chunks})"))
+    # Every flaw sealed twice, and the blob placed once: anything else would leak or not run.
+    if sorted(sealed) != sorted([*answers] * 2) or len(cuts) != len(sealed) + 1:
+        raise KataError("kata/catalog.py has changed shape: make handout cannot seal its hints")
+    for (start, end), text in sorted(cuts, reverse=True):
+        encoded = encoded[:start] + text.encode() + encoded[end:]
+    return encoded.decode()
 
 
 def _candidate_pyproject(text: str) -> str:

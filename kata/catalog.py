@@ -6,6 +6,10 @@ Ids are stable: rubric.md has one section per id, tests are named after them, an
 
 from __future__ import annotations
 
+import base64
+import functools
+import json
+import zlib
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -31,6 +35,9 @@ class Flaw:
     probe: str = ""  # the probe in kata.probes.PROBES that judges it; default: the id itself
     # (file, text) pairs: the lines of the shipped code that `review --explain` shows
     code: tuple[tuple[str, str], ...] = ()
+    # Points for a fix that covers some of query, key and value but not all (status "partial");
+    # 0: no partial credit. rubric.md states the same number.
+    partial_points: int = 0
 
     @property
     def cpu_visible(self) -> bool:
@@ -41,8 +48,36 @@ class Flaw:
         return self.probe or self.id
 
 
-def _flaw(id, title, points, needs=(), *, where, hints, probe="", code=()):
-    return Flaw(id, title, points, frozenset(needs), where, tuple(hints), probe, tuple(code))
+class _Sealed:
+    def __repr__(self) -> str:
+        return "SEALED"
+
+
+# A handout's copy of this file says `where=SEALED, hints=SEALED` for each flaw and holds their
+# texts in _SEALED_ANSWERS (zlib + base64 of JSON; kata.candidate writes it): a grep of the
+# candidate's kata/ finds no answer, while `python -m kata hint` still reads them. The
+# interviewer's copy keeps them in plain text in the table below.
+SEALED = _Sealed()
+_SEALED_ANSWERS = ""
+
+
+def seal(answers: dict[str, dict]) -> str:
+    """flaw id -> {"where": ..., "hints": [...]}, as _SEALED_ANSWERS holds it."""
+    packed = json.dumps(answers, sort_keys=True).encode()
+    return base64.b64encode(zlib.compress(packed, 9)).decode("ascii")
+
+
+@functools.cache
+def _unsealed() -> dict[str, dict]:
+    return json.loads(zlib.decompress(base64.b64decode(_SEALED_ANSWERS)))
+
+
+def _flaw(id, title, points, needs=(), *, where, hints, probe="", code=(), partial_points=0):
+    if where is SEALED or hints is SEALED:
+        where, hints = _unsealed()[id]["where"], _unsealed()[id]["hints"]
+    return Flaw(
+        id, title, points, frozenset(needs), where, tuple(hints), probe, tuple(code), partial_points
+    )
 
 
 WRAPPER = "attention_wrapper.py"
@@ -54,6 +89,7 @@ CATALOG: tuple[Flaw, ...] = (
         "dtype",
         "No dtype check: other dtypes are read as float32 bytes",
         8,
+        partial_points=4,
         where="attention_wrapper.py: fast_attention passes data_ptr() of any dtype",
         code=[(WRAPPER, "query.data_ptr(),"), (VENDOR_CUDA, 'extern "C" int launch')],
         hints=(
@@ -67,6 +103,7 @@ CATALOG: tuple[Flaw, ...] = (
         "shape",
         "No shape check: wrong head dim, mismatched or wrong-rank inputs",
         8,
+        partial_points=4,
         where="attention_wrapper.py: `batch_size, seq_len, _ = query.shape` and nothing else",
         code=[(WRAPPER, "batch_size, seq_len, _ = query.shape")],
         hints=(
@@ -81,6 +118,7 @@ CATALOG: tuple[Flaw, ...] = (
         "contiguity",
         "Raw pointers of views: strided inputs are read as if dense",
         8,
+        partial_points=4,
         where="attention_wrapper.py: data_ptr() of possibly non-contiguous tensors",
         code=[(WRAPPER, "query.data_ptr(),")],
         hints=(
@@ -93,6 +131,7 @@ CATALOG: tuple[Flaw, ...] = (
         "device",
         "No device check or dispatch",
         10,
+        partial_points=5,
         where="attention_wrapper.py: DEVICE chosen once at import; pointers passed blindly",
         code=[(WRAPPER, "DEVICE = "), (WRAPPER, "torch.empty_like(")],
         hints=(
@@ -225,13 +264,10 @@ BY_ID: dict[str, Flaw] = {flaw.id: flaw for flaw in CATALOG}
 
 
 def get(flaw_id: str) -> Flaw:
-    """A flaw of round one, or of round two where this copy has it (not in a handout)."""
-    if flaw_id in BY_ID:
-        return BY_ID[flaw_id]
+    """A flaw of round one. Round two's catalog (kata/round2.py, which imports this module) is
+    not looked up here: its callers know whether this copy has it (a handout does not)."""
     try:
-        from kata import round2
-
-        return next(flaw for flaw in round2.CATALOG if flaw.id == flaw_id)
-    except (ModuleNotFoundError, StopIteration):
+        return BY_ID[flaw_id]
+    except KeyError:
         known = ", ".join(BY_ID)
         raise KataError(f"unknown flaw id {flaw_id!r}; known ids: {known}") from None

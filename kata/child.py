@@ -1,71 +1,73 @@
-"""The isolated side of a probe: `python -m kata.child SPEC_JSON`, started by kata.isolation.
+"""The judge of one probe: `python -m kata.child SPEC_JSON`, started by kata.isolation.
 
-Speaks JSON lines on stdout, each prefixed with MARKER so the implementation's own prints are
-ignored: {"case": name} before each case (so a crash can be placed), then {"verdict": ...}.
+It never imports the implementation under test: that runs in a runner process of its own
+(kata/runner.py, started here from the spec's command, sandboxed for a candidate's code), and
+every answer comes back as data (kata.remote). So nothing the implementation does in its process
+reaches this one, and the verdict is decided where its code never ran.
+
+Speaks JSON lines on stdout, each prefixed with MARKER: {"case": name} before each case (so a
+crash can be placed), {"failure": text} as failures are found, then {"verdict": ...}.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
 MARKER = "@@kata "
+STDERR_MARK = "@@kata-case"  # on stderr before each case: what was said before it is not the
+# case's evidence (torch's import-time warnings, say)
 
 
 def emit(message: dict) -> None:
     os.write(1, (MARKER + json.dumps(message) + "\n").encode())  # unbuffered: survives a crash
 
 
-def make_loader(implementation: dict):
-    from kata.probes import ImplementationImportError
-
-    def load(module_name: str):
-        try:
-            if implementation["kind"] == "fixed":
-                import fixed
-
-                return fixed.fast_attention
-            path = Path(implementation["path"]) / "attention_wrapper.py"
-            spec = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module
-            spec.loader.exec_module(module)
-            return module.fast_attention
-        except Exception as error:
-            from kata.probes import _first_line
-
-            raise ImplementationImportError(_first_line(error)) from error
-
-    return load
-
-
 def main(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    from kata.probes import PROBES, ImplementationImportError, ProbeContext
+    from kata.judging import ImplementationImportError, first_line
+    from kata.kernel_check import VendorKernel
+    from kata.probes import PROBES, ProbeContext
+    from kata.remote import Remote, RunnerStopped
 
+    def report_case(name: str) -> None:
+        os.write(2, f"\n{STDERR_MARK} {name}\n".encode())
+        emit({"case": name})
+
+    runner = spec["runner"]
+    env = dict(os.environ, **runner["env"])
+    for name in runner.get("unset", []):
+        env.pop(name, None)
+    remote = Remote(runner["command"], Path(runner["cwd"]), env, runner["signal_exits"])
+    kernel = None
+    if spec.get("kernel_library"):
+        kernel = VendorKernel(Path(spec["kernel_library"]), spec["device"])
     context = ProbeContext(
-        load=make_loader(spec["implementation"]),
+        remote=remote,
         seed=spec["seed"],
         device=spec["device"],
-        report_case=lambda name: emit({"case": name}),
+        report_case=report_case,
         report_failure=lambda text: emit({"failure": text}),
         planted_library=Path(spec["planted_library"]) if spec.get("planted_library") else None,
+        kernel=kernel,
     )
     try:
         verdict = PROBES[spec["probe"]](context)
         result = {"status": verdict.status, "evidence": verdict.evidence}
     except ImplementationImportError as error:
-        result = {"status": "present", "evidence": str(error)}
-    except Exception as error:
-        # The implementation left the process unable to go on (a poisoned CUDA context, say):
-        # the parent joins this to the failures already reported.
-        from kata.probes import _first_line
-
-        emit({"stopped": f"the probe could not go on: {_first_line(error)}"})
+        result = {"status": "present", "evidence": str(error), "import_failure": error.cause}
+    except RunnerStopped as error:
+        emit({"stopped": str(error)})  # the parent joins this to the failures already reported
         return
+    except Exception as error:
+        emit({"stopped": f"the probe could not go on: {first_line(error)}"})
+        return
+    finally:
+        remote.close()
+    if kernel is not None:
+        result["kernel"] = kernel.summary()
     emit({"verdict": result})
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +18,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kata import REPO_ROOT
-from kata.child import MARKER
+from kata import REPO_ROOT, sandbox
+from kata.child import MARKER, STDERR_MARK
+from kata.remote import RUNNER
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -52,9 +55,13 @@ class Implementation:
 
 @dataclass
 class ProbeResult:
-    status: str  # "present", "fixed" or "skipped"
+    status: str  # "present", "partial", "fixed" or "skipped"
     evidence: str
     last_case: str | None = None
+    # {"checked": n, "bypassed": [case, ...]}: the supported calls compared with the vendor
+    # kernel; None where no kernel was compared (fixed/, round two, no verdict)
+    kernel: dict | None = None
+    import_failure: str | None = None  # why the implementation did not import, when it did not
 
 
 def run_isolated(
@@ -66,26 +73,32 @@ def run_isolated(
     timeout: float = DEFAULT_TIMEOUT_S,
     planted_library: Path | None = None,
     workdir: Path | None = None,
+    kernel_library: Path | None = None,
 ) -> ProbeResult:
-    """Run one probe in a child process and turn whatever happens into a ProbeResult."""
-    spec = {
-        "probe": probe_id,
-        "implementation": implementation.to_json(),
-        "seed": seed,
-        "device": device,
-        "planted_library": str(planted_library) if planted_library else None,
-    }
+    """Run one probe in a child process and turn whatever happens into a ProbeResult.
+    `kernel_library`: the shipped vendor kernel, whose answers a wrapper must return."""
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=python_path, PYTHONFAULTHANDLER="1")
     with tempfile.TemporaryDirectory(prefix=f"kata-{probe_id}-") as scratch:
         cwd = workdir or Path(scratch)
+        spec = {
+            "probe": probe_id,
+            "seed": seed,
+            "device": device,
+            "planted_library": str(planted_library) if planted_library else None,
+            "kernel_library": str(kernel_library) if kernel_library else None,
+            "runner": _runner(implementation, Path(scratch), cwd),
+        }
+        # -P: the working directory (which the runner may write to) is not on the judge's path
+        command = [sys.executable, "-P", "-m", "kata.child", json.dumps(spec)]
         with _running_lock:
             if _stopped:
                 return ProbeResult("skipped", "the review was stopped")
             process = subprocess.Popen(
-                [sys.executable, "-m", "kata.child", json.dumps(spec)],
-                cwd=cwd,
+                command,
+                cwd=scratch,
                 env=env,
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group: a timeout kills all it started
@@ -101,13 +114,21 @@ def run_isolated(
         finally:
             with _running_lock:
                 _running.discard(process)
+    returncode = process.returncode
     messages = _messages(stdout)
     cases = [m["case"] for m in messages if "case" in m]
     last_case = cases[-1] if cases else None
     during = f" during case '{last_case}'" if last_case else ""
     verdicts = [m["verdict"] for m in messages if "verdict" in m]
-    if verdicts and process.returncode == 0 and not timed_out:
-        return ProbeResult(verdicts[-1]["status"], verdicts[-1]["evidence"], last_case)
+    if len(verdicts) == 1 and returncode == 0 and not timed_out:
+        [verdict] = verdicts
+        return ProbeResult(
+            verdict["status"],
+            verdict["evidence"],
+            last_case,
+            verdict.get("kernel"),
+            verdict.get("import_failure"),
+        )
     # No verdict: what was found before the end, then how it ended.
     found = [m["failure"] for m in messages if "failure" in m]
     stopped = [m["stopped"] for m in messages if "stopped" in m]
@@ -116,8 +137,35 @@ def run_isolated(
     elif stopped:
         end = stopped[-1] + during
     else:
-        end = _death(process.returncode, stderr) + during
+        end = death(returncode, stderr) + during
     return ProbeResult("present", "; ".join([*found, end]), last_case)
+
+
+def _runner(implementation: Implementation, scratch: Path, cwd: Path) -> dict:
+    """How the probe's judge starts the process that runs the implementation: kata/runner.py,
+    copied into the scratch directory (always visible, even in a sandbox), with nothing of the
+    harness on its path; for a candidate's code, in a sandbox."""
+    script = scratch / "kata_runner.py"
+    shutil.copyfile(RUNNER, script)
+    command = [sys.executable, "-P", str(script), json.dumps(implementation.to_json())]
+    outside = [
+        entry
+        for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if entry and not Path(entry).resolve().is_relative_to(REPO_ROOT)
+    ]
+    if implementation.kind == "fixed":
+        outside.insert(0, str(REPO_ROOT))  # `import fixed`
+    env = {"PYTHONPATH": os.pathsep.join(outside), "TMPDIR": str(scratch)}
+    if implementation.kind == "dir":
+        # round two's wrapper builds an extension: where kata.round2.prepare built it
+        env["TORCH_EXTENSIONS_DIR"] = str(implementation.path / "build" / "torch_extensions")
+    signal_exits = False
+    if implementation.kind == "dir":
+        # A candidate's code is a stranger's: no network, writes only to what it is judged in.
+        confinement = sandbox.detect()
+        command = confinement.wrap(command, writable=[scratch, implementation.path])
+        signal_exits = confinement.returncode(128 + signal.SIGSEGV) == -signal.SIGSEGV
+    return {"command": command, "cwd": str(cwd), "env": env, "signal_exits": signal_exits}
 
 
 def _messages(stdout: bytes) -> list[dict]:
@@ -129,19 +177,45 @@ def _messages(stdout: bytes) -> list[dict]:
     return messages
 
 
-def _death(returncode: int, stderr: bytes) -> str:
+# A warning as Python prints it ("path:12: UserWarning: ..."), and the source line after it.
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
+
+
+def _own_lines(stderr: bytes) -> list[str]:
+    """What the process said on stderr during its last case: not what importing torch printed
+    before (a missing numpy, say), and no warnings, which are not why a process dies."""
+    lines = stderr.decode(errors="replace").splitlines()
+    marks = [i for i, line in enumerate(lines) if line.startswith(STDERR_MARK)]
+    if marks:
+        lines = lines[marks[-1] + 1 :]
+    kept, skip_next = [], False
+    for line in lines:
+        if _WARNING.match(line):
+            skip_next = True  # the warning's source line follows, indented
+            continue
+        if skip_next and line.startswith(" "):
+            skip_next = False
+            continue
+        skip_next = False
+        kept.append(line)
+    return kept
+
+
+def death(returncode: int, stderr: bytes) -> str:
     """Say how the child ended without a verdict: a signal, or its last error line."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        lines = stderr.decode(errors="replace").splitlines()
+        lines = _own_lines(stderr)
         # What the C library said before faulthandler's report, e.g. "free(): invalid pointer".
         end = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python")), 0)
         said = [line.strip() for line in lines[:end] if line.strip()]
         return f"process died with {name}" + (f" ({said[-1][:160]})" if said else "")
-    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    if returncode == 0:
+        return "the process exited (code 0) before the probe's verdict: the implementation ended it"
+    lines = [line.strip() for line in _own_lines(stderr) if line.strip()]
     interesting = [line for line in lines if not line.startswith(("File ", "Traceback", "^"))]
     last = interesting[-1] if interesting else "no output"
     return f"process exited with code {returncode}: {last[:240]}"

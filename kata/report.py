@@ -5,7 +5,6 @@ level band from rubric.md, and what the candidate changed; as a terminal table o
 
 from __future__ import annotations
 
-import datetime
 import re
 import shutil
 import subprocess
@@ -16,31 +15,13 @@ from pathlib import Path
 from kata import REPO_ROOT, shipped
 from kata.catalog import Flaw
 from kata.review import Review
+from kata.rubric import RUBRIC, level_bands, rubric_section
 
-RUBRIC = REPO_ROOT / "rubric.md"
-
-
-# ------------------------------------------------------------------------------ level bands
+__all__ = ["RUBRIC", "level_bands", "rubric_section"]  # and the formatters below
 
 
-def level_bands(rubric: Path = RUBRIC) -> list[tuple[int, int, str]]:
-    """(low %, high %, level) rows of rubric.md's level-band table; empty without a rubric."""
-    try:
-        text = rubric.read_text()
-    except OSError:
-        return []
-    section = (
-        text.split("## Level bands", 1)[-1].split("\n## ", 1)[0] if "## Level bands" in text else ""
-    )
-    rows = re.findall(r"^\|\s*(\d+)\s*[–-]\s*(\d+)\s*\|\s*([^|]+?)\s*\|\s*$", section, re.MULTILINE)
-    return [(int(low), int(high), level) for low, high, level in rows]
-
-
-def level_for(review: Review, bands: list[tuple[int, int, str]]) -> str | None:
-    if not bands or review.possible == 0:
-        return None
-    percent = round(100 * review.earned / review.possible)
-    return next((level for low, high, level in bands if low <= percent <= high), None)
+def level_for(review: Review, bands) -> str | None:
+    return review.level(bands)
 
 
 # ------------------------------------------------------------------------ candidate changes
@@ -158,15 +139,35 @@ def _describe(change: FileChange) -> str:
 def _header(review: Review) -> list[tuple[str, str]]:
     implementation = review.implementation
     where = "" if implementation.kind == "fixed" else f" ({implementation.path})"
-    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    return [
+    date = review.date.strftime("%Y-%m-%d %H:%M %Z")
+    rows = [
         ("implementation", f"{implementation.label}{where}, round {review.round}"),
         ("device", review.machine.device),
         ("date", f"{date}    seed: {review.seed}"),
+        ("vendor kernel", review.kernel_line),
     ]
+    if review.sandbox_note:
+        rows.append(("sandbox", review.sandbox_note))
+    if implementation.kind == "dir":
+        rows.append(("hints used", _hints_line(review.hints_used)))
+    return rows
+
+
+def _hints_line(used: dict[str, int] | None) -> str:
+    if used is None:
+        return "no hint record found (.kata-hints.json)"
+    if not used:
+        return "none"
+    return ", ".join(f"{flaw_id} (level {level})" for flaw_id, level in sorted(used.items()))
 
 
 def _score_line(review: Review, bands) -> str:
+    if cause := review.import_failure:
+        # No flaw was judged: a score would measure the import, not the fixes.
+        return (
+            f"Not judged: attention_wrapper.py does not import ({cause}). Every probe needs it, "
+            "so there is no score or level band until it imports."
+        )
     judged = [r for r in review.reports if r.result.status != "skipped"]
     skipped = len(review.reports) - len(judged)
     percent = f" ({round(100 * review.earned / review.possible)}%)" if review.possible else ""
@@ -181,6 +182,8 @@ def format_table(review: Review, changes: Changes | None, bands) -> str:
     width = max(80, min(shutil.get_terminal_size((120, 24)).columns, 160))
     header = [f"{label + ':':<15} {value}" for label, value in _header(review)]
     lines = ["Attention-wrapper kata: review", *header, ""]
+    if review.import_failure:
+        lines += [_score_line(review, bands), ""]
     id_width = max([13, *(len(r.flaw.id) for r in review.reports)])
     lines.append(f"{'ID':<{id_width}} {'STATUS':<8} {'POINTS':>6}  EVIDENCE")
     for report in review.reports:
@@ -238,16 +241,6 @@ def format_markdown(review: Review, changes: Changes | None, bands) -> str:
 
 
 # -------------------------------------------------------------------------------- explain
-
-
-def rubric_section(flaw_id: str, rubric: Path = RUBRIC) -> str | None:
-    """The rubric.md section of one flaw id, from its heading to the next heading of its level."""
-    try:
-        text = rubric.read_text()
-    except OSError:
-        return None
-    match = re.search(rf"^(#+) `{re.escape(flaw_id)}`:.*?(?=^\1 |\Z)", text, re.M | re.S)
-    return match.group(0).strip() if match else None
 
 
 def code_excerpt(flaw: Flaw, directory: Path, context: int = 1) -> list[str]:

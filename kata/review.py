@@ -3,14 +3,19 @@ report each flaw as present, fixed or skipped, with evidence and points."""
 
 from __future__ import annotations
 
+import datetime
+import math
 import os
 import secrets
+import shutil
+import tempfile
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from kata import FIXED_DIR, FLAWED_DIR, KataError, builders
+from kata import FIXED_DIR, FLAWED_DIR, KataError, builders, hints, rubric, sandbox
 from kata.catalog import CATALOG, Flaw, Need
 from kata.isolation import (
     DEFAULT_TIMEOUT_S,
@@ -58,7 +63,9 @@ class FlawReport:
 
     @property
     def earned(self) -> int:
-        return self.flaw.points if self.result.status == "fixed" else 0
+        if self.result.status == "fixed":
+            return self.flaw.points
+        return self.flaw.partial_points if self.result.status == "partial" else 0
 
 
 @dataclass
@@ -68,6 +75,12 @@ class Review:
     seed: int
     reports: list[FlawReport]
     round: int = 1  # 1: the wrapper in flawed/; 2: the proposed fix in flawed/proposed_fix/
+    date: datetime.datetime = field(default_factory=lambda: datetime.datetime.now().astimezone())
+    # Whether the answers on supported inputs were compared with the shipped vendor kernel's
+    # (a candidate's wrapper in round one; not fixed/, not round two's own kernels).
+    kernel_compared: bool = False
+    sandbox_note: str = ""  # one line on how the candidate's code was confined, or that it wasn't
+    hints_used: dict[str, int] | None = None  # flaw id -> highest hint level seen; None: no record
 
     @property
     def earned(self) -> int:
@@ -77,10 +90,59 @@ class Review:
     def possible(self) -> int:
         return sum(r.flaw.points for r in self.reports if r.result.status != "skipped")
 
-    def to_json(self) -> dict:
+    def level(self, bands) -> str | None:
+        return rubric.level_for(self.earned, self.possible, bands)
+
+    @property
+    def import_failure(self) -> str | None:
+        """Why the wrapper did not import, when that is what every probe met (library-path's
+        imports its own way and names the cause in its evidence): the one cause to fix before
+        any flaw can be judged."""
+        causes = Counter(r.result.import_failure for r in self.reports if r.result.import_failure)
+        if not causes:
+            return None
+        [(cause, _)] = causes.most_common(1)
+        judged = [r for r in self.reports if r.result.status != "skipped"]
+        return cause if all(cause in r.result.evidence for r in judged) else None
+
+    @property
+    def bypassed(self) -> list[tuple[str, str]]:
+        """(flaw id, case) of every supported call whose answer was not the vendor kernel's."""
+        return [
+            (r.flaw.id, case)
+            for r in self.reports
+            if r.result.kernel
+            for case in r.result.kernel["bypassed"]
+        ]
+
+    @property
+    def kernel_line(self) -> str:
+        """What the scorecard's header says about the vendor kernel doing the work."""
+        if not self.kernel_compared:
+            what = (
+                "fixed/ is its own operator"
+                if self.implementation.kind == "fixed"
+                else ("round two's proposed fix has kernels of its own")
+            )
+            return f"not compared ({what})"
+        checked = sum(r.result.kernel["checked"] for r in self.reports if r.result.kernel)
+        if bypassed := self.bypassed:
+            flaws = sorted({flaw_id for flaw_id, _ in bypassed})
+            return (
+                f"BYPASSED in {len(bypassed)} of {checked} supported calls ({', '.join(flaws)}): "
+                "their answers were not the shipped kernel's, and those flaws earn no points"
+            )
+        if checked == 0:
+            return "no supported call was compared (no probe reached one)"
+        return f"computed all {checked} supported calls (bit-identical to the shipped kernel)"
+
+    def to_json(self, bands=None) -> dict:
         return {
             "implementation": self.implementation.label,
             "device": self.machine.device,
+            "round": self.round,
+            "seed": self.seed,
+            "date": self.date.isoformat(timespec="seconds"),
             "flaws": [
                 {
                     "id": r.flaw.id,
@@ -88,10 +150,20 @@ class Review:
                     "status": r.result.status,
                     "evidence": r.result.evidence,
                     "points": r.flaw.points,
+                    "earned": r.earned,
                 }
                 for r in self.reports
             ],
             "score": {"earned": self.earned, "possible": self.possible},
+            "level_band": self.level(rubric.level_bands() if bands is None else bands),
+            "import_failure": self.import_failure,
+            "vendor_kernel": {
+                "compared": self.kernel_compared,
+                "summary": self.kernel_line,
+                "bypassed": [{"id": i, "case": c} for i, c in self.bypassed],
+            },
+            "sandbox": self.sandbox_note,
+            "hints_used": self.hints_used,
         }
 
 
@@ -104,6 +176,10 @@ def resolve_implementation(name: str) -> Implementation:
     if name == "flawed":
         return Implementation("flawed", "dir", FLAWED_DIR)
     path = Path(name).expanduser().resolve()
+    if not path.exists():
+        raise KataError(f"{name} does not exist: give the directory of the candidate's copy")
+    if not path.is_dir():
+        raise KataError(f"{name} is not a directory: give the directory of the candidate's copy")
     if not (path / "attention_wrapper.py").is_file():
         raise KataError(f"{name} is not a copy of flawed/: it has no attention_wrapper.py")
     return Implementation(name, "dir", path)
@@ -123,6 +199,28 @@ def _prepare(implementation: Implementation, machine: Machine) -> str | None:
     return None
 
 
+# The candidate's own workspace in this repository: judged in place (make kata, make review).
+# Any other directory is a submission from elsewhere: judged on a private copy.
+IN_PLACE_DIRS = (FLAWED_DIR, FLAWED_DIR / "proposed_fix")
+# Build outputs a submission may carry: never trusted, rebuilt from its sources.
+_NOT_COPIED = shutil.ignore_patterns(
+    "*.so", "*.o", ".custom_attention.build", "__pycache__", "build"
+)
+
+
+def private_copy(implementation: Implementation, scratch: Path) -> Implementation:
+    """The implementation the probes run: a submission is copied into `scratch` first, so that
+    nothing the review builds or the candidate's code writes lands in the submitted directory."""
+    if implementation.kind != "dir" or implementation.path in IN_PLACE_DIRS:
+        return implementation
+    copy = scratch / implementation.path.name
+    try:
+        shutil.copytree(implementation.path, copy, ignore=_NOT_COPIED, symlinks=True)
+    except OSError as error:
+        raise KataError(f"cannot copy {implementation.path} to judge it: {error}") from None
+    return Implementation(implementation.label, "dir", copy)
+
+
 def run_review(
     implementation: Implementation,
     *,
@@ -137,6 +235,19 @@ def run_review(
     """Judge `implementation` on every flaw of `catalog` this machine can run. `prepare` builds
     what the implementation needs instead of the vendor library, returning None or why it failed
     (round two's proposed fix builds its own extension)."""
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise KataError(f"the time limit per probe must be a positive number, got {timeout:g} s")
+    with tempfile.TemporaryDirectory(prefix="kata-review-") as scratch:
+        judged = private_copy(implementation, Path(scratch))
+        review = _run(judged, timeout, seed, only, jobs, catalog, round_number, prepare)
+    review.implementation = implementation  # the report names what was submitted
+    if implementation.kind == "dir":
+        review.hints_used = hints.hints_used(implementation.path)
+        review.sandbox_note = sandbox.detect().note
+    return review
+
+
+def _run(implementation, timeout, seed, only, jobs, catalog, round_number, prepare) -> Review:
     machine = Machine.detect()
     seed = secrets.randbelow(2**31) if seed is None else seed
     flaws = [flaw for flaw in catalog if only is None or flaw.id in only]
@@ -146,6 +257,9 @@ def run_review(
         build_failure = _prepare(implementation, machine)
     needs_planted = any(flaw.probe_id == "library-path" for flaw in flaws)
     planted = builders.build_planted_library() if needs_planted else None
+    # Round one's wrapper must return the shipped vendor kernel's answers on what it supports.
+    compare_kernel = round_number == 1 and implementation.kind == "dir" and prepare is None
+    kernel = builders.build_reference_library(machine.probe_device) if compare_kernel else None
 
     def judge(flaw: Flaw) -> FlawReport:
         reason = machine.skip_reason(flaw)
@@ -164,6 +278,7 @@ def run_review(
             timeout=timeout,
             planted_library=planted,
             workdir=implementation.path if in_place else None,
+            kernel_library=kernel,
         )
         return FlawReport(flaw, result)
 
@@ -176,4 +291,6 @@ def run_review(
         raise
     finally:
         pool.shutdown()
-    return Review(implementation, machine, seed, reports, round_number)
+    return Review(
+        implementation, machine, seed, reports, round_number, kernel_compared=compare_kernel
+    )

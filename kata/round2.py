@@ -123,7 +123,16 @@ def prepare(directory: Path = ROUND2_DIR, timeout: float = 600.0) -> str | None:
     Its first import builds it with ninja; without this, the parallel probes would all wait on
     that build inside their own time limits. Returns None, or why the build failed (evidence for
     every flaw, as a broken vendor build is in round one).
+
+    Importing the wrapper runs the candidate's code: it runs in the sandbox (kata/sandbox.py),
+    which lets it write in `directory` only. A wrapper that builds in torch's default extension
+    cache (~/.cache/torch_extensions) builds in `directory`/build/torch_extensions instead: the
+    probes must get the same TORCH_EXTENSIONS_DIR to find it.
     """
+    import signal
+
+    from kata import sandbox
+
     directory = Path(directory).resolve()
     wrapper = directory / "attention_wrapper.py"
     code = (
@@ -132,21 +141,33 @@ def prepare(directory: Path = ROUND2_DIR, timeout: float = 600.0) -> str | None:
         "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
     )
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    extensions = directory / "build" / "torch_extensions"
+    box = sandbox.detect()
+    process = subprocess.Popen(
+        box.wrap([sys.executable, "-c", code], writable=[directory]),
+        cwd=directory,
+        env=dict(os.environ, PYTHONPATH=python_path, TORCH_EXTENSIONS_DIR=str(extensions)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a time limit kills ninja and the compilers too
+    )
     try:
-        completed = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=directory,
-            env=dict(os.environ, PYTHONPATH=python_path),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        _, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
         return f"the extension did not build: timed out after {timeout:g} s"
-    if completed.returncode == 0:
+    returncode = box.returncode(process.returncode)
+    if returncode == 0:
         return None
-    lines = [line.strip() for line in completed.stderr.splitlines() if line.strip()]
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     # The compiler's first error says more than ninja's closing "build stopped" line.
     errors = [line for line in lines if " error: " in line]
     said = errors[0] if errors else lines[-1] if lines else "no output"
+    if returncode < 0 and not errors:  # a crash: its last line is a traceback's
+        try:
+            said = f"process died with {signal.Signals(-returncode).name}"
+        except ValueError:
+            said = f"process died with signal {-returncode}"
     return f"the extension did not build: {said}"[:300]

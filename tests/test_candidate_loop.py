@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kata import REPO_ROOT, candidate, shipped
+from kata import REPO_ROOT, candidate, hints, shipped
 from kata.catalog import CATALOG
 from kata.isolation import Implementation, ProbeResult
 from kata.review import FlawReport, Machine, Review
@@ -215,7 +215,62 @@ def test_hints_go_up_a_level_each_time_and_stay_in_the_handout(handout):
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"Hint {level} of 3 for dtype"), result.stdout
     assert json.loads((handout / ".kata-hints.json").read_text()) == {"dtype": 3}
+    assert hints.hints_used(handout / "flawed") == {"dtype": 3}  # what the scorecard reads
     assert (state.read_text() if state.exists() else None) == ours
+
+
+def test_handout_holds_no_hint_or_location_in_plain_text(handout):
+    """Hints and where each flaw sits are answers: a grep of the handout finds none of them, nor
+    a sentence or a telling word of one, while `python -m kata hint` still shows them."""
+    answers = {text for flaw in CATALOG for text in (flaw.where, *flaw.hints)}
+    pieces = {p.strip() for a in answers for p in re.split(r"[.;:?]\s", a) if len(p.strip()) > 25}
+    words = {
+        "getCurrentCUDAStream", "register_autograd", "autograd.Function", "TORCH_LIBRARY",
+        "int64_t", "seq_len <= 4096", "uninitialised", "pageable", "ABI change", "fake (meta)",
+    }  # fmt: skip
+    assert all(any(word in answer for answer in answers) for word in words), "words moved?"
+    texts = {
+        path.relative_to(handout).as_posix(): path.read_text(errors="replace").lower()
+        for path in handout.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".so"
+    }
+    for needle in sorted(answers | pieces | words):
+        found = [name for name, text in texts.items() if needle.lower() in text]
+        assert not found, f"{needle!r} is in plain text in {found}"
+
+    (handout / ".kata-hints.json").unlink(missing_ok=True)
+    result = kata("hint", "dtype", cwd=handout)
+    assert result.returncode == 0, result.stderr
+    assert f"\n  {CATALOG[0].hints[0]}\n" in result.stdout, result.stdout
+    (handout / ".kata-hints.json").write_text(json.dumps({"dtype": 2}))
+    result = kata("hint", "dtype", cwd=handout)
+    assert CATALOG[0].hints[2] in result.stdout and CATALOG[0].where in result.stdout
+    (handout / ".kata-hints.json").unlink()
+
+
+def test_hints_used_reads_the_record_beside_or_inside_the_copy(tmp_path):
+    copy = tmp_path / "flawed"
+    copy.mkdir()
+    assert hints.hints_used(copy) is None  # no record
+    (tmp_path / ".kata-hints.json").write_text(json.dumps({"dtype": 2, "shape": 1}))
+    assert hints.hints_used(copy) == {"dtype": 2, "shape": 1}
+    # A submitted copy of flawed/ may carry its own: the higher level counts.
+    (copy / ".kata-hints.json").write_text(json.dumps({"dtype": 3, "stream": 1}))
+    assert hints.hints_used(copy) == {"dtype": 3, "shape": 1, "stream": 1}
+    (tmp_path / ".kata-hints.json").unlink()
+    assert hints.hints_used(copy) == {"dtype": 3, "stream": 1}
+
+
+@pytest.mark.parametrize(
+    "record", ["{not json", "[1, 2]", '{"dtype": "3"}', '{"dtype": 0}', '{"dtype": true}', ""]
+)
+def test_hints_used_ignores_a_malformed_record(tmp_path, record):
+    (tmp_path / ".kata-hints.json").write_text(record)
+    assert hints.hints_used(tmp_path / "flawed") is None
+    # ... and the hint command starts it over instead of crashing on it.
+    state = tmp_path / ".kata-hints.json"
+    assert hints.next_hint("dtype", state).startswith("Hint 1 of 3 for dtype")
+    assert hints.hints_used(tmp_path / "flawed") == {"dtype": 1}
 
 
 def test_watch_rechecks_on_save_and_counts_the_dtype_fix(shipped_handout):
@@ -318,6 +373,53 @@ def test_exit_status_counts_only_the_flaws_that_ran():
     assert status == 1 and "First failure: shape" in text
     assert _words(long_evidence) in _words(text)  # wrapped, never cut
     assert "\x1b[" not in text
+
+
+def _not_importing(cause: str) -> Review:
+    """A review in which every probe met a wrapper that does not import."""
+    review = _review({f.id: "present" if f in RUN_HERE else "skipped" for f in CATALOG})
+    for report in review.reports:
+        if report.result.status == "present":
+            report.result.evidence = f"importing attention_wrapper.py failed: {cause}"
+            report.result.import_failure = cause
+    if not isinstance(getattr(Review, "import_failure", None), property):
+        review.import_failure = cause  # a plain attribute, not derived from the results
+    return review
+
+
+def test_a_wrapper_that_does_not_import_is_said_first_not_a_flaws_hint():
+    cause = "syntax error at attention_wrapper.py:12: invalid syntax"
+    text, status = candidate.format_check(_not_importing(cause), candidate._Style(io.StringIO()))
+    assert status == 1
+    assert f"\nattention_wrapper.py does not import: {cause}.\n" in text, text
+    assert "Fix that first: every check needs it." in text
+    assert "First failure" not in text and "python -m kata hint" not in text, text
+    text, _ = candidate.format_check(
+        _not_importing(cause), candidate._Style(io.StringIO()), watching=True
+    )
+    assert "save a file in" in text.splitlines()[-1]
+
+
+def test_make_kata_says_when_the_wrapper_does_not_import(shipped_handout):
+    broken = SHIPPED_WRAPPER.replace(
+        "def fast_attention(query, key, value):", "def fast_attention(query, key, value"
+    )
+    assert broken != SHIPPED_WRAPPER
+    (shipped_handout / WRAPPER).write_text(broken)
+    line = 1 + SHIPPED_WRAPPER.split("\n").index("def fast_attention(query, key, value):")
+    try:
+        result = run(["make", "kata", f"PYTHON={sys.executable}"], shipped_handout)
+    finally:
+        (shipped_handout / WRAPPER).write_text(SHIPPED_WRAPPER)
+    out = result.stdout
+    assert result.returncode != 0 and "Traceback" not in out + result.stderr, out + result.stderr
+    assert re.search(
+        rf"^attention_wrapper.py does not import: syntax error at attention_wrapper.py:{line}: ",
+        out,
+        re.MULTILINE,
+    ), out
+    assert "Fix that first: every check needs it." in out
+    assert "First failure" not in out, out
 
 
 def test_one_cause_behind_many_failures_is_pointed_out():

@@ -20,6 +20,7 @@ from kata.catalog import CATALOG
 from kata.hints import next_hint
 from kata.probes import PROBES
 from kata.review import resolve_implementation, run_review
+from kata.rubric import rubric_section
 
 FAST_PROBES = ["shape", "contiguity"]  # two cheap probes: enough to see a review complete
 
@@ -86,6 +87,8 @@ def test_ctrl_c_leaves_no_probe_running(candidate, tmp_path):
     review = subprocess.Popen(
         [sys.executable, "-m", "kata", "review", "--impl", str(impl.path), "--only", *FAST_PROBES],
         cwd=REPO_ROOT,
+        # the probes report their pids in a directory a sandbox would keep them from
+        env=dict(os.environ, KATA_SANDBOX="off"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -122,7 +125,8 @@ def test_syntax_broken_candidate_is_present_with_the_error(candidate):
     review = run_review(impl, only=FAST_PROBES)
     for status, evidence in statuses(review).values():
         assert status == "present"
-        assert "SyntaxError" in evidence
+        assert "syntax error at attention_wrapper.py:1" in evidence
+    assert review.import_failure.startswith("syntax error at attention_wrapper.py:1: ")
 
 
 def test_refusing_everything_is_not_loud(candidate):
@@ -130,13 +134,48 @@ def test_refusing_everything_is_not_loud(candidate):
     a message naming every problem, must not pass the input probes."""
     impl = candidate(
         "def fast_attention(q, k, v):\n"
-        "    raise ValueError('bad dtype, shape, head dim, device, contiguous, seq length')\n"
+        "    raise ValueError('query, key and value must be float32, (batch, seq_len, 64) '\n"
+        "                     'with seq_len <= 4096, contiguous, on one device')\n"
     )
     input_probes = ["dtype", "shape", "contiguity", "device", "error-code"]
     review = run_review(impl, only=input_probes)
     for flaw_id, (status, evidence) in statuses(review).items():
         assert status == "present", (flaw_id, evidence)
-        assert "a valid float32 (2, 64, 64) call raised ValueError" in evidence, evidence
+        # Every case was loud: the control alone decides, and says why.
+        assert evidence.startswith("a valid float32 (2, 64, 64) call raised ValueError"), evidence
+
+
+def test_a_message_that_names_nothing_is_not_loud(candidate):
+    """Loud means the message names the problem: the argument, the offending value or the
+    expected one. A refusal that names none of them is not a fix."""
+    impl = candidate(
+        "import torch\n\n\ndef fast_attention(q, k, v):\n"
+        "    if q.dtype != torch.float32 or k.dtype != q.dtype or v.dtype != q.dtype:\n"
+        "        raise ValueError('bad input')\n"
+        + (FLAWED_DIR / "attention_wrapper.py").read_text().split("def fast_attention", 1)[0]
+    )
+    review = run_review(impl, only=["dtype"])
+    status, evidence = statuses(review)["dtype"]
+    assert status == "present", evidence
+    assert "does not name the problem: ValueError: bad input" in evidence, evidence
+
+
+def test_a_clear_message_is_loud_whatever_its_words(candidate):
+    """The fair side of the same rule: a message that names the argument and both shapes counts,
+    with none of the words a keyword list would have looked for."""
+    shipped_source = (FLAWED_DIR / "attention_wrapper.py").read_text()
+    check = (
+        "def fast_attention(query, key, value):\n"
+        "    for name, t in (('query', query), ('key', key), ('value', value)):\n"
+        "        if t.dim() != 3 or t.shape != query.shape or t.shape[-1] != 64:\n"
+        "            raise ValueError(f'{name} must be (batch, seq, 64) like query, "
+        "got {tuple(t.shape)}')\n"
+    )
+    impl = candidate(shipped_source.replace("def fast_attention(query, key, value):\n", check))
+    review = run_review(impl, only=["shape"])
+    status, evidence = statuses(review)["shape"]
+    assert status == "fixed", evidence
+    assert "ValueError: query must be (batch, seq, 64) like query, got (2, 64, 32)" in evidence
 
 
 @pytest.mark.cuda
@@ -198,13 +237,29 @@ def test_review_json_has_exactly_the_documented_shape():
     completed = run_kata("review", "--impl", "fixed", "--json", "--only", "contiguity")
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
-    assert set(report) == {"implementation", "device", "flaws", "score"}
-    assert report["implementation"] == "fixed"
+    assert set(report) == {
+        "implementation",
+        "device",
+        "round",
+        "seed",
+        "date",
+        "flaws",
+        "score",
+        "level_band",
+        "import_failure",
+        "vendor_kernel",
+        "sandbox",
+        "hints_used",
+    }
+    assert report["implementation"] == "fixed" and report["round"] == 1
     assert isinstance(report["device"], str) and report["device"]
+    assert isinstance(report["seed"], int) and report["date"].startswith("20")
     [flaw] = report["flaws"]
-    assert set(flaw) == {"id", "title", "status", "evidence", "points"}
-    assert flaw["id"] == "contiguity" and flaw["status"] == "fixed"
+    assert set(flaw) == {"id", "title", "status", "evidence", "points", "earned"}
+    assert flaw["id"] == "contiguity" and flaw["status"] == "fixed" and flaw["earned"] == 8
     assert report["score"] == {"earned": 8, "possible": 8}
+    assert report["level_band"] == "staff" and report["import_failure"] is None
+    assert report["vendor_kernel"]["compared"] is False  # fixed/ is its own operator
 
 
 def test_possible_points_count_only_flaws_that_ran(fixed_review):
@@ -326,6 +381,23 @@ def test_rubric_has_one_section_per_flaw_with_the_catalogs_points():
     titles = {flaw_id: title for flaw_id, title, _ in sections}
     for flaw in CATALOG:
         assert titles[flaw.id] == flaw.title, flaw.id
+
+
+def test_rubric_states_each_flaws_partial_credit_as_the_catalog_does():
+    for flaw in CATALOG:
+        section = rubric_section(flaw.id)
+        stated = re.findall(r"\*\*Partial credit: (\d+) points\*\*", section)
+        expected = [str(flaw.partial_points)] if flaw.partial_points else []
+        assert stated == expected, f"{flaw.id}: rubric says {stated}, catalog {expected}"
+        assert flaw.partial_points < flaw.points, flaw.id
+
+
+def test_rubric_names_every_error_type_that_is_never_loud():
+    from kata.judging import UNRELATED_TYPES
+
+    rules = (REPO_ROOT / "rubric.md").read_text().split("## How the review judges", 1)[1]
+    for name in UNRELATED_TYPES:
+        assert f"`{name}`" in rules.split("\n## ", 1)[0], name
 
 
 def test_sanitizer_runner_passes_clean_output_and_fails_otherwise(tmp_path, monkeypatch):

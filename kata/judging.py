@@ -1,0 +1,321 @@
+"""How a probe judges one call, and many calls into one verdict.
+
+The rule is DESIGN.md's, correct or loud: for each input the implementation returns the float64
+reference result (within the dtype's tolerance, on the input's device, with the right shape), or
+raises at the call an exception whose message names the problem: the argument's name, the
+offending value or the expected one (`Case.mentions`). Two more rules keep the verdict honest:
+on inputs the vendor kernel supports, the answer must be the kernel's (kernel_check), and the
+validation probes try query, key and value each on its own (`Case.args`), so a fix that covers
+only some of them is "partial".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kata import reference
+from kata.kernel_check import BYPASSED, VendorKernel
+from kata.remote import (
+    Answer,
+    ImplementationImportError,
+    NotATensor,
+    Remote,
+    RemoteError,
+    materialize,
+    pack,
+)
+
+ARGUMENTS = ("query", "key", "value")
+CANDIDATE_MODULE = "candidate_attention_wrapper"
+
+
+@dataclass
+class Verdict:
+    status: str  # "fixed", "partial" or "present"
+    evidence: str
+
+
+@dataclass
+class ProbeContext:
+    """What a probe gets: the implementation's process (kata.remote), a seeded generator, the
+    device to test, and (for a candidate's wrapper) the shipped vendor kernel to recognise its
+    answers by."""
+
+    remote: Remote
+    seed: int
+    device: str
+    report_case: Callable[[str], None] = lambda name: None
+    # Failures are sent as they are found, so that they survive a later crash of the process.
+    report_failure: Callable[[str], None] = lambda text: None
+    planted_library: Path | None = None
+    kernel: VendorKernel | None = None
+    _loaded: set = field(default_factory=set, repr=False)
+
+    def __post_init__(self):
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    def load(self, module: str = CANDIDATE_MODULE, chdir: Path | None = None) -> None:
+        """Import the implementation in its process (once per module name)."""
+        if module in self._loaded:
+            return
+        request = {"op": "load", "module": module, "chdir": str(chdir) if chdir else None}
+        reply, _ = self.remote.request(request)
+        if "import_error" in reply:
+            raise ImplementationImportError(reply["import_error"])
+        self._loaded.add(module)
+
+    def call(self, inputs, *, module: str = CANDIDATE_MODULE, op="call", **options) -> Answer:
+        """One call of the implementation on `inputs`; what it returned or raised."""
+        self.load(module)
+        tensors = {}
+        specs = [pack(tensors, f"in{i}", t) for i, t in enumerate(inputs)]
+        reply, received = self.remote.request(
+            {"op": op, "module": module, "inputs": specs, **options}, tensors
+        )
+        answer = Answer(cuda_failed=reply.get("cuda_failed"), header=reply, tensors=received)
+        if "raised" in reply:
+            answer.error = RemoteError(reply["raised"])
+        elif "result" in reply:
+            answer.result = materialize(reply["result"], received)
+        return answer
+
+    def inputs(self, *shape, dtype=torch.float32, kv_len=None, device=None):
+        return tuple(
+            t.to(device or self.device)
+            for t in reference.random_inputs(
+                *shape, dtype=dtype, generator=self.generator, kv_len=kv_len
+            )
+        )
+
+
+@dataclass
+class Case:
+    """One call of a probe. `mentions`: what a loud message may name (the wrong arguments, the
+    offending values, the expected ones). `args`: the arguments that are wrong, when the case
+    isolates one of them. `defined=False`: the inputs have no answer; only a loud error will do."""
+
+    name: str
+    inputs: tuple
+    mentions: Sequence[str] = ()
+    args: frozenset[str] = frozenset()
+    defined: bool = True
+    expected: object = None
+    tolerance_dtype: torch.dtype | None = None  # default: the query's
+
+
+@dataclass
+class Outcome:
+    case: str
+    failure: str | None
+    note: str = ""  # what happened when it did not fail: "correct" or "raised ..."
+    args: frozenset[str] = frozenset()
+
+    @property
+    def loud(self) -> bool:
+        return self.note.startswith(f"{self.case}: raised")
+
+
+def first_line(error: BaseException) -> str:
+    """The exception's type and first line, plus dynamo's one-line explanation when it gives one."""
+    if isinstance(error, ImplementationImportError):
+        return str(error)
+    kind = error.type_name if isinstance(error, RemoteError) else type(error).__name__
+    lines = [line.strip() for line in str(error).strip().splitlines()]
+    summary = lines[0] if lines else ""
+    explanation = next((line for line in lines if line.startswith("Explanation:")), None)
+    if explanation:
+        summary += ". " + explanation.removeprefix("Explanation:").strip()
+    return f"{kind}: {summary}"[:300]
+
+
+# Errors that mean the implementation tripped over the input instead of rejecting it: a bug of
+# the wrapper's own (an attribute it does not have, an index out of range) is not validation.
+UNRELATED_TYPES = (
+    "AttributeError",
+    "NameError",
+    "ImportError",
+    "KeyError",
+    "IndexError",
+    "ZeroDivisionError",
+    "RecursionError",
+    "ctypes.ArgumentError",
+)
+UNRELATED_MESSAGES = ("values to unpack", "not compiled with cuda")
+
+
+def names_problem(error: RemoteError, mentions: Sequence[str]) -> bool:
+    """Whether the message names the problem: one of `mentions` as a whole word."""
+    if any(name.rpartition(".")[2] in error.mro for name in UNRELATED_TYPES):
+        return False
+    message = str(error).lower()
+    if any(unrelated in message for unrelated in UNRELATED_MESSAGES):
+        return False
+    return any(
+        re.search(rf"(?<![a-z0-9_]){re.escape(word.lower())}(?![a-z0-9_])", message)
+        for word in mentions
+    )
+
+
+def check_result(name, result, expected, inputs, tolerance_dtype=None) -> str | None:
+    """None if `result` is the reference result for `inputs`, else what is wrong with it."""
+    query = inputs[0]
+    if isinstance(result, NotATensor):
+        return f"{name}: returned {result.type_name}, not a tensor"
+    if result.device != query.device:
+        return f"{name}: output on {result.device}, inputs on {query.device}"
+    expected_shape = query.shape[:-1] + inputs[2].shape[-1:]
+    if tuple(result.shape) != tuple(expected_shape):
+        return f"{name}: output shape {list(result.shape)}, expected {list(expected_shape)}"
+    if result.device.type == "meta":
+        return None  # meta tensors carry no values: device and shape are the whole answer
+    if isinstance(expected, SampledRows):
+        error = expected.error(result, inputs)
+    else:
+        error = reference.relative_error(result, expected)
+    tolerance = reference.TOLERANCE[tolerance_dtype or query.dtype]
+    if error > tolerance:
+        return f"{name}: wrong result, relative error {error:.2g} (tolerance {tolerance:.0e})"
+    return None
+
+
+def judge(ctx: ProbeContext, case: Case) -> Outcome:
+    """Call the implementation on one case and judge what it did."""
+    failure, note = _judge(ctx, case)
+    if failure:
+        ctx.report_failure(failure)
+    return Outcome(case.name, failure, note, case.args)
+
+
+def _judge(ctx, case: Case):
+    name = case.name
+    ctx.report_case(name)
+    answer = ctx.call(case.inputs)
+    if answer.cuda_failed:
+        return f"{name}: CUDA failed after the call returned: {answer.cuda_failed}", ""
+    if (error := answer.error) is not None:
+        if names_problem(error, case.mentions):
+            return None, f"{name}: raised {first_line(error)}"
+        return f"{name}: raised an error that does not name the problem: {first_line(error)}", ""
+    if not case.defined:
+        return f"{name}: returned a result for inputs that have no answer (no error raised)", ""
+    expected = case.expected if case.expected is not None else expected_for(case.inputs)
+    if failure := check_result(name, answer.result, expected, case.inputs, case.tolerance_dtype):
+        return failure, ""
+    return kernel_failure(ctx, name, answer.result, case.inputs), f"{name}: correct"
+
+
+def kernel_failure(ctx, name, result, inputs) -> str | None:
+    """On inputs the vendor kernel supports, the answer must be the kernel's."""
+    return ctx.kernel.judge(name, result, inputs) if ctx.kernel is not None else None
+
+
+def poisoned_context(ctx) -> str | None:
+    """A fresh CUDA operation must still work in the implementation's process afterwards."""
+    reply, _ = ctx.remote.request({"op": "health"})
+    return reply.get("cuda_failed")
+
+
+def valid_call_works(ctx, shape=(2, 64, 64), device=None) -> str | None:
+    """The control of every input probe: None if a valid float32 call (on `device`, else the
+    probe's device) gives the reference result, computed by the vendor kernel, else what went
+    wrong. Loud answers count only while this holds: an implementation that raises on
+    everything would otherwise pass every input probe."""
+    name = f"a valid float32 {tuple(shape)} call" + (f" on {device}" if device else "")
+    ctx.report_case(name)
+    inputs = ctx.inputs(*shape, device=device)
+    answer = ctx.call(inputs)
+    if answer.cuda_failed:
+        return f"{name}: CUDA failed after the call returned: {answer.cuda_failed}"
+    if answer.error is not None:
+        refused = first_line(answer.error)
+        return f"{name} raised {refused}: refusing valid input is not loud, it is wrong"
+    return check_result(name, answer.result, expected_for(inputs), inputs) or kernel_failure(
+        ctx, name, answer.result, inputs
+    )
+
+
+def expected_for(inputs):
+    query, key, value = inputs
+    if query.device.type == "meta":
+        return torch.empty(query.shape, device="meta")
+    return reference.attention(query, key, value)
+
+
+def verdict(
+    ctx, outcomes: list[Outcome], control: str | None = None, *, per_argument=False
+) -> Verdict:
+    """Many outcomes into one verdict. `control`: the failure of valid_call_works (a wrong or
+    refused valid call, or one the vendor kernel did not compute), which decides whatever the
+    cases did. `per_argument`: the probe isolates query,
+    key and value, and a fix that covers some of them but not all earns "partial"."""
+    failures = [o.failure for o in outcomes if o.failure]
+    tried = f" [{len(failures)}/{len(outcomes)} cases]" if failures else ""
+    broken = [control] if control else []  # failures no coverage of arguments can excuse
+    if poisoned := poisoned_context(ctx):
+        broken.append(poisoned)
+    if not failures and not broken:
+        return Verdict("fixed", _fixed_evidence(outcomes))
+    covered = _covered_arguments(outcomes) if per_argument and not broken else []
+    if covered:
+        unchecked = [a for a in ARGUMENTS if a not in covered]
+        failed = [o.failure for o in outcomes if o.failure]
+        return Verdict(
+            "partial",
+            f"{_and(unchecked)} unchecked ({_and(covered)} handled in every case): "
+            + _shown(failed)
+            + tried,
+        )
+    return Verdict("present", _shown(failures + broken) + tried)
+
+
+def _covered_arguments(outcomes: list[Outcome]) -> list[str]:
+    """The arguments handled in every case that involves them, when at least one argument is
+    and every failing case involves only other arguments (and is no bypass of the kernel)."""
+    failing = [o for o in outcomes if o.failure]
+    if any(not o.args or BYPASSED in o.failure for o in failing):
+        return []
+    wrong = set().union(*(o.args for o in failing))
+    return [
+        argument
+        for argument in ARGUMENTS
+        if argument not in wrong and any(o.args == {argument} for o in outcomes)
+    ]
+
+
+def _fixed_evidence(outcomes: list[Outcome]) -> str:
+    """What was tried and what it did: every case by name, and one loud answer in full."""
+    names = ", ".join(o.case for o in outcomes)
+    loud = [o.note for o in outcomes if o.loud]
+    summary = f"{len(outcomes)} case{'s' if len(outcomes) > 1 else ''} correct or loud ({names})"
+    return f"{summary}; e.g. {loud[0]}" if loud else summary
+
+
+def _shown(failures: list[str]) -> str:
+    more = f" (+{len(failures) - 2} more)" if len(failures) > 2 else ""
+    return "; ".join(failures[:2]) + more
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+class SampledRows:
+    """An `expected` for a case that checks a sample of (batch, row) pairs: the full float64
+    reference of a problem this large would take longer than the probe itself."""
+
+    def __init__(self, batches, rows):
+        self.batches, self.rows = batches, rows
+
+    def error(self, result, inputs) -> float:
+        return self.error_of_rows(result[self.batches][:, self.rows], inputs)
+
+    def error_of_rows(self, rows, inputs) -> float:
+        """The error of the sampled rows alone (sent by the implementation's process)."""
+        query, key, value = inputs
+        sample = query[self.batches][:, self.rows], key[self.batches], value[self.batches]
+        return reference.relative_error(rows, reference.attention(*sample))

@@ -1,0 +1,164 @@
+"""The judge's side of kata/runner.py: the implementation under test runs in that process, and
+every answer it gives comes back here as plain data to be judged.
+
+The judge never imports the implementation, so nothing the implementation does in its own
+process (printing, patching modules, walking frames, stealing a key) reaches the verdict. What
+it can still do is lie about what it observed; what it returns is checked against the float64
+reference and, on supported inputs, against the vendor kernel run here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import struct
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+RUNNER = Path(__file__).resolve().with_name("runner.py")
+
+
+class ImplementationImportError(Exception):
+    """Importing the implementation under test failed; the probe reports it as the evidence."""
+
+    def __init__(self, cause: str):
+        super().__init__(f"importing the implementation failed: {cause}")
+        self.cause = cause
+
+
+class RunnerStopped(Exception):
+    """The implementation's process ended or broke down; the message says how."""
+
+
+class RemoteError(Exception):
+    """An exception the implementation raised, by its type's name and its message."""
+
+    def __init__(self, raised: dict):
+        super().__init__(raised["message"])
+        self.type_name = raised["type"]
+        self.mro = tuple(raised.get("mro", (raised["type"],)))
+
+
+class NotATensor:
+    """What the implementation returned, when it was not a tensor: named by its type."""
+
+    def __init__(self, type_name: str):
+        self.type_name = type_name
+
+
+@dataclass
+class Answer:
+    result: object = None  # a tensor on the device the implementation reported, or NotATensor
+    error: RemoteError | None = None
+    cuda_failed: str | None = None  # CUDA failed after the call returned
+    header: dict | None = None
+    tensors: dict | None = None
+
+
+def pack(tensors: dict, name: str, tensor: torch.Tensor) -> dict:
+    """A tensor for the runner: its whole storage and its view (sizes, strides, offset), so a
+    transposed, sliced or expanded view arrives as one."""
+    spec = {"device": str(tensor.device), "dtype": str(tensor.dtype).removeprefix("torch.")}
+    spec |= {"size": list(tensor.shape), "stride": list(tensor.stride())}
+    spec["offset"] = tensor.storage_offset()
+    if tensor.device.type != "meta":
+        storage = tensor.untyped_storage()
+        count = storage.nbytes() // tensor.element_size()
+        base = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+        base.set_(storage, 0, (count,), (1,))
+        tensors[name] = base.detach().to("cpu").clone()
+    return spec
+
+
+def materialize(spec: dict, tensors: dict, name: str = "result"):
+    """The implementation's output, on the device it says it is on."""
+    if spec.get("type") != "Tensor":
+        return NotATensor(spec.get("type", "nothing"))
+    device = spec["device"]
+    if device.startswith("meta"):
+        return torch.empty(spec["size"], dtype=getattr(torch, spec["dtype"][6:]), device="meta")
+    tensor = tensors[name]
+    return tensor.to(device) if device != "cpu" else tensor
+
+
+class Remote:
+    """One runner process for one probe, started on first use."""
+
+    def __init__(self, command: list[str], cwd: Path, env: dict, signal_exits=False):
+        self.command, self.cwd, self.env = command, cwd, env
+        # bubblewrap reports its child's death by signal N as exit code 128 + N
+        self.signal_exits = signal_exits
+        self.process: subprocess.Popen | None = None
+        self.stderr = bytearray()
+        self.mark = 0  # where the current request's stderr begins
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen(
+            self.command,
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.drainer = threading.Thread(target=self._drain, daemon=True)
+        self.drainer.start()
+
+    def _drain(self) -> None:
+        for chunk in iter(lambda: self.process.stderr.read1(65536), b""):
+            self.stderr += chunk[: max(0, 1_000_000 - len(self.stderr))]
+
+    def request(self, header: dict, tensors: dict | None = None) -> tuple[dict, dict]:
+        if self.process is None:
+            self._start()
+        self.mark = len(self.stderr)
+        blob = io.BytesIO()
+        if tensors:
+            torch.save(tensors, blob)
+        frame = json.dumps(header).encode() + b"\n" + blob.getvalue()
+        try:
+            self.process.stdin.write(struct.pack("<Q", len(frame)) + frame)
+            self.process.stdin.flush()
+            size = self.process.stdout.read(8)
+            if len(size) < 8:
+                raise EOFError
+            (length,) = struct.unpack("<Q", size)
+            answer = self.process.stdout.read(length)
+            if len(answer) < length:
+                raise EOFError
+        except (EOFError, BrokenPipeError):
+            raise RunnerStopped(self._death()) from None
+        head, _, body = answer.partition(b"\n")
+        try:
+            reply = json.loads(head)
+            # weights_only: the runner is untrusted, and this loader runs no code of its
+            received = torch.load(io.BytesIO(body), weights_only=True) if body else {}
+        except Exception as error:
+            raise RunnerStopped(f"the implementation's process sent garbage: {error}") from None
+        if "stopped" in reply:
+            raise RunnerStopped(f"the probe could not go on: {reply['stopped']}")
+        return reply, received
+
+    def _death(self) -> str:
+        from kata.isolation import death
+
+        self.process.stdin.close()
+        returncode = self.process.wait()
+        self.drainer.join(timeout=5)  # what it said last, a C library's abort message say
+        if self.signal_exits and 128 < returncode < 128 + 65:
+            returncode = 128 - returncode
+        return death(returncode, bytes(self.stderr[self.mark :]))
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)

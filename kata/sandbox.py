@@ -1,0 +1,286 @@
+"""OS-level confinement for the processes that run a candidate's code: no network, and writes only
+to the directories the caller names.
+
+Inside, whatever the strategy: a new network namespace (the host's loopback is out of reach); the
+filesystem read-only but for the `writable` directories and a private /tmp, /dev/shm and /run
+(tmpfs: torch.compile caches in /tmp; /run holds the host's service sockets); a /dev of the basic
+and GPU nodes only (no disks); /proc's kernel settings read-only; no capabilities. The working
+directory, the user id and the environment (plus CACHE_ENV) are kept; what Python reads under
+/tmp (the interpreter, sys.path, this repository) is bound read-only into the private one.
+
+detect() picks the first strategy that works here, by trying it:
+1. bubblewrap, with a PID namespace too (the code cannot signal your processes). bwrap stays the
+   child's parent and reports its signal N as exit code 128+N: returncode() maps it back.
+2. user namespaces: this file as a launcher (`python -I -S kata/sandbox.py --writable DIR --
+   ARGV`) that unshares, builds the view and execs ARGV in its place: same pid, same exit.
+3. none: the command runs as given, and the note says so.
+KATA_SANDBOX=off forces none; =bwrap or =unshare tries that strategy only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+LAUNCHER = os.path.abspath(__file__)
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x20000, 0x10000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
+PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, PR_SET_NO_NEW_PRIVS = 28, 0b11, 38
+BASIC_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_LINKS = {"fd": "", "stdin": "/0", "stdout": "/1", "stderr": "/2"}  # to /proc/self/fd...
+GPU_DEVICES = ("nvidia", "dri", "kfd")  # name prefixes: NVIDIA (nvidia-caps/ too), DRM, AMD ROCm
+# Caches that default to the home directory, read-only inside: Triton's (torch.compile on a GPU)
+# goes to the private /tmp, as torch.compile's own caches already do.
+CACHE_ENV = {"TRITON_CACHE_DIR": "/tmp/.triton/cache"}
+NO_SUID_DEV_EXEC = MS_NOSUID | MS_NODEV | MS_NOEXEC  # may be locked on; adding them is allowed
+FAILED = 125  # the launcher's exit status when it could not build the sandbox
+
+
+def proc_covers() -> list[str]:
+    """What /proc holds besides processes: kernel settings (sys/), drivers' controls (driver/),
+    bus/ and such, made read-only inside. Processes' own entries stay writable: CUDA fails to
+    initialise with /proc read-only (error 304), and other processes' are out of reach."""
+    return sorted(
+        entry.path
+        for entry in os.scandir("/proc")
+        if not entry.name.isdigit()
+        and not entry.is_symlink()  # self, thread-self, mounts, net
+        and (entry.is_dir() or entry.stat().st_mode & 0o222)
+    )
+
+
+def gpu_devices() -> list[str]:
+    return sorted(f"/dev/{name}" for name in os.listdir("/dev") if name.startswith(GPU_DEVICES))
+
+
+def _launch(args: list[str]) -> None:
+    """The launcher's main: never returns. -I -S keep whatever lies in the candidate's working
+    directory or PYTHONPATH from being imported before the confinement exists (and start it in
+    a few ms): only the standard library's os, sys and ctypes run here."""
+    import contextlib
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    string, ulong = ctypes.c_char_p, ctypes.c_ulong
+    libc.mount.argtypes = [string, string, string, ulong, string]
+    libc.prctl.argtypes = [ctypes.c_int, ulong, ulong, ulong, ulong]
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error), what)
+
+    def mount(source, target, fstype=None, flags=0, data=None) -> None:
+        strings = [None if s is None else os.fsencode(s) for s in (source, target, fstype, data)]
+        check(libc.mount(*strings[:3], flags, strings[3]), f"mount {os.fsdecode(target)}")
+
+    split = args.index("--")  # before it: --writable DIR or --readable DIR, repeated
+    binds = sorted(zip(args[2:split:2], args[1:split:2], strict=True))  # parents first
+    argv = args[split + 1 :]
+    try:
+        cwd, uid, gid = os.getcwd(), os.getuid(), os.getgid()
+        check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET), "unshare")
+        maps = {"setgroups": "deny", "uid_map": f"{uid} {uid} 1", "gid_map": f"{gid} {gid} 1"}
+        for name, text in maps.items():  # the same ids inside, mapped to ours
+            with open(f"/proc/self/{name}", "w") as file:
+                file.write(text)
+        mount(None, "/", flags=MS_REC | MS_PRIVATE)  # nothing done here reaches the host
+        # Handles on what the tmpfs mounts below cover (the writable directories are usually
+        # under /tmp), opened in this namespace so that they can be bound.
+        devices = [f"/dev/{name}" for name in BASIC_DEVICES] + gpu_devices()
+        handles = {path: os.open(path, os.O_PATH) for path in [*dict(binds), *devices]}
+        _remount_all_read_only(mount)
+        for path in proc_covers():
+            mount(path, path, flags=MS_BIND | MS_REC)
+            mount(None, path, flags=MS_REMOUNT | MS_BIND | MS_RDONLY | NO_SUID_DEV_EXEC)
+        for path in ("/tmp", "/run", "/dev"):
+            if os.path.isdir(path) and not os.path.islink(path):
+                mode = "1777" if path == "/tmp" else "755"
+                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}")
+        for path in devices:
+            if os.path.isdir(f"/proc/self/fd/{handles[path]}"):
+                os.mkdir(path)
+            else:
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY))
+            # The source mount is read-only now: opening a device node to write is still
+            # allowed (a read-only mount refuses writes to files, directories and links only).
+            mount(f"/proc/self/fd/{handles[path]}", path, flags=MS_BIND | MS_REC)
+        for name, target in DEV_LINKS.items():
+            os.symlink(f"/proc/self/fd{target}", f"/dev/{name}")
+        os.mkdir("/dev/shm")
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+        mount(None, "/dev", flags=MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        for path, option in binds:
+            os.makedirs(path, exist_ok=True)  # in a fresh tmpfs when it was under one
+            mount(f"/proc/self/fd/{handles[path]}", path, flags=MS_BIND | MS_REC)
+            # The bind copied the read-only flag just set on its source: a writable one clears
+            # it, keeping what the host locked (a truly read-only mount stays read-only).
+            flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV
+            flags |= os.statvfs(path).f_flag & MS_NOEXEC  # ST_NOEXEC has the same value
+            mount(None, path, flags=flags | (0 if option == "--writable" else MS_RDONLY))
+        for handle in handles.values():
+            os.close(handle)
+        # The bind mount now at that path, not the directory it covers; when nothing is there,
+        # the old directory stays the working directory, read-only.
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
+        # No capability survives the exec, even as uid 0: the read-only mounts above cannot be
+        # remounted, nor the tmpfs mounts unmounted to show what they cover.
+        check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
+        check(libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, 0, 0, 0), "securebits")
+        os.environ.update(CACHE_ENV)
+        os.execvp(argv[0], argv)
+    except OSError as error:
+        what = error.filename or argv[0]  # None: the exec failed
+        os.write(2, f"kata sandbox: {what}: {error.strerror}\n".encode())
+        os._exit(FAILED)
+
+
+def _remount_all_read_only(mount) -> None:
+    """Every mount of this namespace read-only, one by one (a remount is not recursive)."""
+    import errno
+    import re
+
+    with open("/proc/self/mountinfo", "rb") as file:
+        lines = file.read().splitlines()
+    for line in lines:
+        fields = line.split()
+        point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), fields[4])
+        options = fields[5].split(b",")
+        fstype = fields[fields.index(b"-") + 1]
+        if b"ro" in options or fstype == b"autofs":  # autofs: a lookup would trigger it
+            continue
+        if point == b"/proc" and fstype == b"proc":
+            continue  # proc_covers() instead
+        # The host may have locked nosuid, nodev, noexec: a remount must keep them.
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for name, flag in ((b"nosuid", MS_NOSUID), (b"nodev", MS_NODEV), (b"noexec", MS_NOEXEC)):
+            flags |= flag if name in options else 0
+        try:
+            mount(None, point, flags=flags)
+        except OSError as error:
+            if error.errno not in (errno.ENOENT, errno.EACCES):  # out of reach for the code too
+                raise
+
+
+if __name__ == "__main__":
+    _launch(sys.argv)
+
+# Below: the parent's side. Imported after the launcher, which does not need them (half its
+# start-up time would go to dataclasses and pathlib).
+import functools  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+NOTE = "no network; writes only to the judged directory and a private /tmp ({how})"
+RIGHTS = "the candidate's code ran with your rights"
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    name: str  # "bubblewrap", "user namespaces" or "none"
+    note: str  # one line for the scorecard's "sandbox" row
+
+    def wrap(self, argv: list[str], *, writable: list[Path]) -> list[str]:
+        """The command to run instead of `argv`: the same program, confined, with the existing
+        directories `writable` writable. Give subprocess the cwd, env and start_new_session you
+        would give it for `argv`."""
+        binds = {path: "--readable" for path in _python_paths()}
+        binds |= {os.path.realpath(path): "--writable" for path in writable}
+        options = [item for path, option in sorted(binds.items()) for item in (option, path)]
+        if self.name == "bubblewrap":
+            return [*_bwrap_options(options), "--", *argv]
+        if self.name == "user namespaces":
+            return [sys.executable, "-I", "-S", LAUNCHER, *options, "--", *argv]
+        return list(argv)
+
+    def returncode(self, code: int) -> int:
+        """The wrapped program's own returncode: negative for a signal death, as subprocess
+        reports it unwrapped (bwrap reports the child's signal N as exit code 128+N)."""
+        if self.name == "bubblewrap" and 128 < code < 128 + 65:
+            return -(code - 128)
+        return code
+
+
+@functools.cache
+def _python_paths() -> list[str]:
+    """What Python (and the probes) read that lies where the sandbox puts a fresh tmpfs."""
+    paths = {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path}
+    paths.add(os.path.dirname(os.path.dirname(LAUNCHER)))  # this repository
+    paths = {os.path.realpath(path) for path in paths if path and os.path.isdir(path)}
+    hidden = [path for path in paths if path.startswith(("/tmp/", "/run/", "/dev/"))]
+    return [path for path in hidden if not any(path.startswith(f"{p}/") for p in hidden)]
+
+
+def _bwrap_options(binds: list[str]) -> list[str]:
+    options = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+    for path in gpu_devices():
+        options += ["--dev-bind", path, path]
+    options += ["--proc", "/proc"]
+    for path in proc_covers():  # the host's: these hold no process's entries
+        options += ["--ro-bind", path, path]
+    options += ["--tmpfs", "/tmp"]
+    if os.path.isdir("/run") and not os.path.islink("/run"):
+        options += ["--tmpfs", "/run"]
+    # After the tmpfs mounts: bwrap binds from the host's paths.
+    for option, path in zip(binds[::2], binds[1::2], strict=True):
+        options += ["--bind" if option == "--writable" else "--ro-bind", path, path]
+    for name, value in CACHE_ENV.items():
+        options += ["--setenv", name, value]
+    return [*options, "--unshare-net", "--unshare-pid", "--die-with-parent", "--cap-drop", "ALL"]
+
+
+BUBBLEWRAP = Sandbox("bubblewrap", NOTE.format(how="bubblewrap"))
+NAMESPACES = Sandbox("user namespaces", NOTE.format(how="user namespaces"))
+
+# Run inside a trial sandbox: its working directory is writable, / is read-only, the network
+# namespace is not ours, no capability is left.
+_CHECK = """
+import os, sys
+open("written", "w").close()
+assert os.statvfs("/").f_flag & os.ST_RDONLY, "/ is writable"
+assert os.readlink("/proc/self/ns/net") != sys.argv[1], "the network is the host's"
+assert "CapEff:\\t0000000000000000" in open("/proc/self/status").read(), "capabilities left"
+"""
+
+
+def trial(sandbox: Sandbox) -> str | None:
+    """None when `sandbox` confines a process on this machine, or why it does not."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    if sandbox.name == "bubblewrap" and not shutil.which("bwrap"):
+        return "no bwrap"
+    what = "bwrap failed" if sandbox.name == "bubblewrap" else "user namespaces refused"
+    check = [sys.executable, "-I", "-S", "-c", _CHECK, os.readlink("/proc/self/ns/net")]
+    with tempfile.TemporaryDirectory(prefix="kata-sandbox-") as directory:
+        argv = sandbox.wrap(check, writable=[directory])
+        try:
+            done = subprocess.run(argv, cwd=directory, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"{what}: {error}"
+        if done.returncode == 0 and os.path.exists(os.path.join(directory, "written")):
+            return None
+    said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    said = said[-1] if said else f"exit code {done.returncode}"
+    # Its first clause, without the program's name: "bwrap: No permissions to ..., likely ..."
+    return f"{what}: {re.split(r'[.,] ', re.sub(r'^(bwrap|kata sandbox): ', '', said))[0][:120]}"
+
+
+@functools.cache
+def detect() -> Sandbox:
+    """The sandbox to run the candidate's code in on this machine (tried once per process)."""
+    setting = os.environ.get("KATA_SANDBOX", "").strip().lower()
+    if setting in ("off", "0", "no", "none", "false"):
+        return Sandbox("none", f"none: turned off by KATA_SANDBOX={setting}: {RIGHTS}")
+    choices = {"bwrap": [BUBBLEWRAP], "unshare": [NAMESPACES]}.get(setting)
+    reasons = []
+    for sandbox in choices or [BUBBLEWRAP, NAMESPACES]:
+        reason = trial(sandbox)
+        if reason is None:
+            return sandbox
+        reasons.append(reason)
+    return Sandbox("none", f"none available on this machine ({'; '.join(reasons)}): {RIGHTS}")
