@@ -78,6 +78,7 @@ class ProbeContext:
             {"op": op, "module": module, "inputs": specs, **options}, tensors
         )
         answer = Answer(cuda_failed=reply.get("cuda_failed"), header=reply, tensors=received)
+        answer.overwritten = tuple(reply.get("overwritten", ()))
         if "raised" in reply:
             answer.error = RemoteError(reply["raised"])
         elif "result" in reply:
@@ -197,6 +198,8 @@ def _judge(ctx, case: Case):
     answer = ctx.call(case.inputs)
     if answer.cuda_failed:
         return f"{name}: CUDA failed after the call returned: {answer.cuda_failed}", ""
+    if failure := overwritten(name, answer):
+        return failure, ""
     if (error := answer.error) is not None:
         if names_problem(error, case.mentions):
             return None, f"{name}: raised {first_line(error)}"
@@ -207,6 +210,13 @@ def _judge(ctx, case: Case):
     if failure := check_result(name, answer.result, expected, case.inputs, case.tolerance_dtype):
         return failure, ""
     return kernel_failure(ctx, name, answer.result, case.inputs), f"{name}: correct"
+
+
+def overwritten(name, answer: Answer) -> str | None:
+    if not answer.overwritten:
+        return None
+    which = _and([ARGUMENTS[i] for i in answer.overwritten])
+    return f"{name}: the call wrote into its input {which} (the caller's tensors are not scratch)"
 
 
 def kernel_failure(ctx, name, result, inputs) -> str | None:
@@ -221,22 +231,27 @@ def poisoned_context(ctx) -> str | None:
 
 
 def valid_call_works(ctx, shape=(2, 64, 64), device=None) -> str | None:
-    """The control of every input probe: None if a valid float32 call (on `device`, else the
-    probe's device) gives the reference result, computed by the vendor kernel, else what went
-    wrong. Loud answers count only while this holds: an implementation that raises on
-    everything would otherwise pass every input probe."""
-    name = f"a valid float32 {tuple(shape)} call" + (f" on {device}" if device else "")
-    ctx.report_case(name)
-    inputs = ctx.inputs(*shape, device=device)
-    answer = ctx.call(inputs)
-    if answer.cuda_failed:
-        return f"{name}: CUDA failed after the call returned: {answer.cuda_failed}"
-    if answer.error is not None:
-        refused = first_line(answer.error)
-        return f"{name} raised {refused}: refusing valid input is not loud, it is wrong"
-    return check_result(name, answer.result, expected_for(inputs), inputs) or kernel_failure(
-        ctx, name, answer.result, inputs
-    )
+    """The control of every input probe: None if two valid float32 calls on fresh data (on
+    `device`, else the probe's device) give the reference result, computed by the vendor
+    kernel, else what went wrong. Loud answers count only while this holds: an implementation
+    that raises on everything would otherwise pass every input probe. Two calls of one shape:
+    an answer cached by shape shows."""
+    for attempt in ("", ", again on new data"):
+        name = f"a valid float32 {tuple(shape)} call" + (f" on {device}" if device else "")
+        name += attempt
+        ctx.report_case(name)
+        inputs = ctx.inputs(*shape, device=device)
+        answer = ctx.call(inputs)
+        if answer.cuda_failed:
+            return f"{name}: CUDA failed after the call returned: {answer.cuda_failed}"
+        if answer.error is not None:
+            refused = first_line(answer.error)
+            return f"{name} raised {refused}: refusing valid input is not loud, it is wrong"
+        failure = overwritten(name, answer)
+        failure = failure or check_result(name, answer.result, expected_for(inputs), inputs)
+        if failure := failure or kernel_failure(ctx, name, answer.result, inputs):
+            return failure
+    return None
 
 
 def expected_for(inputs):

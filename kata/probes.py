@@ -30,6 +30,7 @@ from kata.judging import (
     judge,
     kernel_failure,
     names_problem,
+    overwritten,
     poisoned_context,
     valid_call_works,
     verdict,
@@ -223,7 +224,7 @@ def _gradient_errors(ctx, inputs, *, compiled=False) -> list[str]:
         {"op": "gradients", "inputs": specs, "compile": compiled}, tensors
     )
     if "raised" in reply:
-        raise RuntimeError(f"{reply['raised']['type']}: {reply['raised']['message'][:300]}")
+        raise RuntimeError(first_line(RemoteError(reply["raised"])))
     if reply.get("cuda_failed"):
         return [f"CUDA failed: {reply['cuda_failed']}"]
     output = materialize(reply["result"], received)
@@ -298,7 +299,8 @@ def probe_library_path(ctx: ProbeContext) -> Verdict:
             )
         else:
             name = "call from elsewhere"
-            failure = check_result(name, answer.result, expected_for(inputs), inputs)
+            failure = overwritten(name, answer)
+            failure = failure or check_result(name, answer.result, expected_for(inputs), inputs)
             if failure := failure or kernel_failure(ctx, name, answer.result, inputs):
                 failures.append(failure)
     except ImplementationImportError as error:
@@ -407,8 +409,7 @@ def probe_stream(ctx: ProbeContext) -> Verdict:
     new = [pack(tensors, f"new{i}", t) for i, t in enumerate(fresh)]
     reply, received = ctx.remote.request({"op": "graph", "inputs": specs, "fresh": new}, tensors)
     if "raised" in reply:
-        message = reply["raised"]["message"].strip().splitlines() or [""]
-        findings.append(f"CUDA-graph capture failed: {reply['raised']['type']}: {message[0]}")
+        findings.append(f"CUDA-graph capture failed: {first_line(RemoteError(reply['raised']))}")
     else:
         replayed = materialize(reply["result"], received)
         name = "graph replay on new inputs"

@@ -57,6 +57,7 @@ class Answer:
     result: object = None  # a tensor on the device the implementation reported, or NotATensor
     error: RemoteError | None = None
     cuda_failed: str | None = None  # CUDA failed after the call returned
+    overwritten: tuple[int, ...] = ()  # the inputs (by position) the call wrote into
     header: dict | None = None
     tensors: dict | None = None
 

@@ -133,12 +133,19 @@ class Runner:
             os.chdir(request["chdir"])
         if request.get("set_device") is not None:
             torch.cuda.set_device(request["set_device"])
+        before = [t.clone() if t.device.type != "meta" else None for t in inputs]
         out = {}
         try:
             answer = {"result": pack_result(fast_attention(*inputs), out, "result")}
         except Exception as error:
             answer = {"raised": raised(error)}
         answer["cuda_failed"] = cuda_failure()
+        # The caller's tensors are the caller's: an answer written over them is corruption.
+        answer["overwritten"] = [
+            i
+            for i, (now, then) in enumerate(zip(inputs, before, strict=True))
+            if then is not None and not answer["cuda_failed"] and not torch.equal(now, then)
+        ]
         return answer, out
 
     def op_gradients(self, request, tensors):
