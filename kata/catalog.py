@@ -21,7 +21,7 @@ class Need(StrEnum):
 
     CUDA = "cuda"  # one CUDA GPU
     TWO_GPUS = "two GPUs"  # two CUDA GPUs
-    BIG_MEMORY = "big memory"  # about 40 GB of free GPU memory (plus CUDA)
+    BIG_MEMORY = "big memory"  # about 60 GB of free GPU memory (plus CUDA)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 
 MARKER = "@@kata "
-STDERR_MARK = "@@kata-case"  # on stderr before each case: what was said before it is not the
-# case's evidence (torch's import-time warnings, say)
 
 
 def emit(message: dict) -> None:
@@ -30,7 +28,7 @@ def main(spec_json: str) -> None:
     from kata.judging import ImplementationImportError, first_line
     from kata.kernel_check import VendorKernel
     from kata.probes import PROBES, ProbeContext
-    from kata.remote import Remote, RunnerStopped
+    from kata.remote import STDERR_MARK, Remote, RunnerStopped
 
     def report_case(name: str) -> None:
         os.write(2, f"\n{STDERR_MARK} {name}\n".encode())

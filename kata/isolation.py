@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -19,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kata import REPO_ROOT, sandbox
-from kata.child import MARKER, STDERR_MARK
-from kata.remote import RUNNER
+from kata.child import MARKER
+from kata.remote import RUNNER, death
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -175,47 +174,3 @@ def _messages(stdout: bytes) -> list[dict]:
             with contextlib.suppress(ValueError):
                 messages.append(json.loads(line[len(MARKER) :]))
     return messages
-
-
-# A warning as Python prints it ("path:12: UserWarning: ..."), and the source line after it.
-_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
-
-
-def _own_lines(stderr: bytes) -> list[str]:
-    """What the process said on stderr during its last case: not what importing torch printed
-    before (a missing numpy, say), and no warnings, which are not why a process dies."""
-    lines = stderr.decode(errors="replace").splitlines()
-    marks = [i for i, line in enumerate(lines) if line.startswith(STDERR_MARK)]
-    if marks:
-        lines = lines[marks[-1] + 1 :]
-    kept, skip_next = [], False
-    for line in lines:
-        if _WARNING.match(line):
-            skip_next = True  # the warning's source line follows, indented
-            continue
-        if skip_next and line.startswith(" "):
-            skip_next = False
-            continue
-        skip_next = False
-        kept.append(line)
-    return kept
-
-
-def death(returncode: int, stderr: bytes) -> str:
-    """Say how the child ended without a verdict: a signal, or its last error line."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        lines = _own_lines(stderr)
-        # What the C library said before faulthandler's report, e.g. "free(): invalid pointer".
-        end = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python")), 0)
-        said = [line.strip() for line in lines[:end] if line.strip()]
-        return f"process died with {name}" + (f" ({said[-1][:160]})" if said else "")
-    if returncode == 0:
-        return "the process exited (code 0) before the probe's verdict: the implementation ended it"
-    lines = [line.strip() for line in _own_lines(stderr) if line.strip()]
-    interesting = [line for line in lines if not line.startswith(("File ", "Traceback", "^"))]
-    last = interesting[-1] if interesting else "no output"
-    return f"process exited with code {returncode}: {last[:240]}"

@@ -25,7 +25,7 @@ from kata.isolation import (
     run_isolated,
 )
 
-BIG_MEMORY_BYTES = 40 * 2**30
+BIG_MEMORY_BYTES = 60 * 2**30  # the int32-sizes inputs live in the judge and the runner
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Machine:
             return f"needs two CUDA GPUs; this machine has {self.gpu_count}"
         if Need.BIG_MEMORY in flaw.needs and self.free_gpu_bytes < BIG_MEMORY_BYTES:
             free = self.free_gpu_bytes / 2**30
-            return f"needs about 40 GB of free GPU memory; {free:.0f} GB free"
+            return f"needs about 60 GB of free GPU memory; {free:.0f} GB free"
         return None
 
 
