@@ -12,6 +12,7 @@ for them is dispatch, not a bypass.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from pathlib import Path
 
@@ -59,7 +60,7 @@ class VendorKernel:
         output = torch.full_like(query, float("nan"))  # poisoned: a skipped write shows
         batch, length, _ = query.shape
         on_cuda = query.device.type == "cuda"
-        guard = torch.cuda.device(query.device) if on_cuda else _NoGuard()
+        guard = torch.cuda.device(query.device) if on_cuda else contextlib.nullcontext()
         with guard:
             if on_cuda:
                 torch.cuda.synchronize()  # the kernel runs on the legacy default stream
@@ -95,11 +96,3 @@ class VendorKernel:
 
     def summary(self) -> dict:
         return {"checked": self.checked, "bypassed": list(self.bypassed)}
-
-
-class _NoGuard:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -25,8 +25,6 @@ from pathlib import Path
 
 import torch
 
-PLANTED_MARKER = "PLANTED_LIBRARY_WAS_LOADED"
-
 
 def _read(stream) -> tuple[dict, dict]:
     size = stream.read(8)
@@ -174,15 +172,14 @@ class Runner:
         return answer, out
 
     def op_planted(self, request, tensors):
-        """Import and call from a directory holding a planted library; did it load?"""
+        """Import and call from a directory holding a planted library."""
         os.chdir(request["chdir"])
         answer = self.op_load({"module": request["module"]}, {})[0]
         if "import_error" not in answer:
             # failing here is fine; loading the planted library is what matters
             with contextlib.suppress(Exception):
                 self.op_call({"module": request["module"], "inputs": request["inputs"]}, tensors)
-        answer["planted_loaded"] = Path(PLANTED_MARKER).exists()
-        return answer, {}
+        return answer, {}  # whether it was loaded, the judge sees for itself
 
     def op_host_alloc(self, request, tensors):
         """One warmed-up call under the profiler (every event name inside the call, by the
