@@ -27,7 +27,7 @@ from kata.remote import (
     Remote,
     RemoteError,
     materialize,
-    pack,
+    pack_all,
 )
 
 ARGUMENTS = ("query", "key", "value")
@@ -73,12 +73,15 @@ class ProbeContext:
         """One call of the implementation on `inputs`; what it returned or raised."""
         self.load(module)
         tensors = {}
-        specs = [pack(tensors, f"in{i}", t) for i, t in enumerate(inputs)]
+        specs = pack_all(tensors, "in", inputs)
         reply, received = self.remote.request(
             {"op": op, "module": module, "inputs": specs, **options}, tensors
         )
-        answer = Answer(cuda_failed=reply.get("cuda_failed"), header=reply, tensors=received)
-        answer.overwritten = tuple(reply.get("overwritten", ()))
+        answer = Answer(
+            cuda_failed=reply.get("cuda_failed"),
+            overwritten=tuple(reply.get("overwritten", ())),
+            header=reply,
+        )
         if "raised" in reply:
             answer.error = RemoteError(reply["raised"])
         elif "result" in reply:
@@ -219,6 +222,14 @@ def overwritten(name, answer: Answer) -> str | None:
     return f"{name}: the call wrote into its input {which} (the caller's tensors are not scratch)"
 
 
+def wrong_answer(ctx, name, result, inputs) -> str | None:
+    """None if `result` is right for `inputs` and, where the vendor kernel supports them, the
+    kernel's own answer; else what is wrong with it."""
+    return check_result(name, result, expected_for(inputs), inputs) or kernel_failure(
+        ctx, name, result, inputs
+    )
+
+
 def kernel_failure(ctx, name, result, inputs) -> str | None:
     """On inputs the vendor kernel supports, the answer must be the kernel's."""
     return ctx.kernel.judge(name, result, inputs) if ctx.kernel is not None else None
@@ -247,9 +258,7 @@ def valid_call_works(ctx, shape=(2, 64, 64), device=None) -> str | None:
         if answer.error is not None:
             refused = first_line(answer.error)
             return f"{name} raised {refused}: refusing valid input is not loud, it is wrong"
-        failure = overwritten(name, answer)
-        failure = failure or check_result(name, answer.result, expected_for(inputs), inputs)
-        if failure := failure or kernel_failure(ctx, name, answer.result, inputs):
+        if failure := overwritten(name, answer) or wrong_answer(ctx, name, answer.result, inputs):
             return failure
     return None
 

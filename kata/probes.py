@@ -24,8 +24,6 @@ from kata.judging import (
     ProbeContext,
     SampledRows,
     Verdict,
-    check_result,
-    expected_for,
     first_line,
     judge,
     kernel_failure,
@@ -34,8 +32,9 @@ from kata.judging import (
     poisoned_context,
     valid_call_works,
     verdict,
+    wrong_answer,
 )
-from kata.remote import ImplementationImportError, RemoteError, materialize, pack
+from kata.remote import ImplementationImportError, RemoteError, materialize, pack_all
 
 __all__ = ["PROBES", "ImplementationImportError", "ProbeContext", "Verdict"]
 
@@ -218,7 +217,7 @@ def _gradient_errors(ctx, inputs, *, compiled=False) -> list[str]:
     kernel's, as in every probe."""
     weight = ctx.inputs(*inputs[0].shape)[0]
     tensors = {"weight": weight.cpu()}
-    specs = [pack(tensors, f"in{i}", t) for i, t in enumerate(inputs)]
+    specs = pack_all(tensors, "in", inputs)
     ctx.load()
     reply, received = ctx.remote.request(
         {"op": "gradients", "inputs": specs, "compile": compiled}, tensors
@@ -229,8 +228,7 @@ def _gradient_errors(ctx, inputs, *, compiled=False) -> list[str]:
         return [f"CUDA failed: {reply['cuda_failed']}"]
     output = materialize(reply["result"], received)
     errors = []
-    failure = check_result("forward", output, expected_for(inputs), inputs)
-    if failure := failure or kernel_failure(ctx, "forward", output, inputs):
+    if failure := wrong_answer(ctx, "forward", output, inputs):
         errors.append(failure)
     q, k, v = inputs
     _, dq, dk, dv = reference.attention_with_grads(q, k, v, weight)
@@ -299,9 +297,9 @@ def probe_library_path(ctx: ProbeContext) -> Verdict:
             )
         else:
             name = "call from elsewhere"
-            failure = overwritten(name, answer)
-            failure = failure or check_result(name, answer.result, expected_for(inputs), inputs)
-            if failure := failure or kernel_failure(ctx, name, answer.result, inputs):
+            if failure := overwritten(name, answer) or wrong_answer(
+                ctx, name, answer.result, inputs
+            ):
                 failures.append(failure)
     except ImplementationImportError as error:
         failures.append(f"import from another working directory failed: {error.cause}")
@@ -310,7 +308,7 @@ def probe_library_path(ctx: ProbeContext) -> Verdict:
     (home / "planted").mkdir()
     shutil.copyfile(ctx.planted_library, home / "planted" / LIBRARY_NAME)
     tensors = {}
-    specs = [pack(tensors, f"in{i}", t) for i, t in enumerate(ctx.inputs(2, 64, 64))]
+    specs = pack_all(tensors, "in", ctx.inputs(2, 64, 64))
     request = {"op": "planted", "module": "wrapper_imported_beside_planted", "inputs": specs}
     ctx.remote.request({**request, "chdir": str(home / "planted")}, tensors)
     if (home / "planted" / PLANTED_MARKER).exists():  # seen here, not taken from the runner
@@ -354,8 +352,7 @@ def probe_host_alloc(ctx: ProbeContext) -> Verdict:
             f"a host synchronisation inside every call (profiler: {', '.join(syncs)}): the host "
             "waits for the device, as the host round trip makes it wait"
         )
-    failure = check_result("profiled call", answer.result, expected_for(inputs), inputs)
-    if failure := failure or kernel_failure(ctx, "profiled call", answer.result, inputs):
+    if failure := wrong_answer(ctx, "profiled call", answer.result, inputs):
         findings.append(failure)
     if reply["sync_debug"]:
         findings.append(f"a host synchronisation in every call ({reply['sync_debug']})")
@@ -405,16 +402,14 @@ def probe_stream(ctx: ProbeContext) -> Verdict:
     ctx.report_case("CUDA graph: capture one call, replay on new inputs")
     static, fresh = ctx.inputs(4, 256, 64), ctx.inputs(4, 256, 64)
     tensors = {}
-    specs = [pack(tensors, f"in{i}", t) for i, t in enumerate(static)]
-    new = [pack(tensors, f"new{i}", t) for i, t in enumerate(fresh)]
+    specs, new = pack_all(tensors, "in", static), pack_all(tensors, "new", fresh)
     reply, received = ctx.remote.request({"op": "graph", "inputs": specs, "fresh": new}, tensors)
     if "raised" in reply:
         findings.append(f"CUDA-graph capture failed: {first_line(RemoteError(reply['raised']))}")
     else:
         replayed = materialize(reply["result"], received)
         name = "graph replay on new inputs"
-        failure = check_result(name, replayed, expected_for(fresh), fresh)
-        if failure := failure or kernel_failure(ctx, name, replayed, fresh):
+        if failure := wrong_answer(ctx, name, replayed, fresh):
             findings.append(failure)
     if failure := poisoned_context(ctx):
         findings.append(failure)
@@ -439,8 +434,7 @@ def probe_multi_gpu(ctx: ProbeContext) -> Verdict:
     elif answer.error is not None:
         failure = f"{name}: raised {first_line(answer.error)}, but inputs on a second GPU must work"
     else:
-        failure = check_result(name, answer.result, expected_for(inputs), inputs)
-        failure = failure or kernel_failure(ctx, name, answer.result, inputs)
+        failure = wrong_answer(ctx, name, answer.result, inputs)
     if failure:
         return Verdict("present", failure)
     return Verdict(

@@ -61,8 +61,7 @@ class Answer:
     error: RemoteError | None = None
     cuda_failed: str | None = None  # CUDA failed after the call returned
     overwritten: tuple[int, ...] = ()  # the inputs (by position) the call wrote into
-    header: dict | None = None
-    tensors: dict | None = None
+    header: dict | None = None  # the runner's whole reply (what an operation observed)
 
 
 def pack(tensors: dict, name: str, tensor: torch.Tensor) -> dict:
@@ -78,6 +77,11 @@ def pack(tensors: dict, name: str, tensor: torch.Tensor) -> dict:
         base.set_(storage, 0, (count,), (1,))
         tensors[name] = base.detach().to("cpu").clone()
     return spec
+
+
+def pack_all(tensors: dict, prefix: str, inputs) -> list[dict]:
+    """pack() of each tensor of `inputs`, named prefix0, prefix1, ... (runner.unpack_all)."""
+    return [pack(tensors, f"{prefix}{i}", t) for i, t in enumerate(inputs)]
 
 
 def materialize(spec: dict, tensors: dict, name: str = "result"):

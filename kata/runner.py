@@ -56,6 +56,11 @@ def unpack(spec: dict, tensors: dict, name: str) -> torch.Tensor:
     return base.as_strided(spec["size"], spec["stride"], spec["offset"])
 
 
+def unpack_all(specs: list[dict], tensors: dict, prefix: str) -> list[torch.Tensor]:
+    """The tensors the judge packed as prefix0, prefix1, ... (remote.pack_all)."""
+    return [unpack(spec, tensors, f"{prefix}{i}") for i, spec in enumerate(specs)]
+
+
 def pack_result(result, tensors: dict, name: str) -> dict:
     """What the implementation returned, as the judge will see it."""
     if not isinstance(result, torch.Tensor):
@@ -126,7 +131,7 @@ class Runner:
     def op_call(self, request, tensors):
         """One call; the output, or what it raised, and whether CUDA failed after it."""
         fast_attention = self.load(request.get("module", "candidate_attention_wrapper"))
-        inputs = [unpack(spec, tensors, f"in{i}") for i, spec in enumerate(request["inputs"])]
+        inputs = unpack_all(request["inputs"], tensors, "in")
         if request.get("chdir"):
             os.chdir(request["chdir"])
         if request.get("set_device") is not None:
@@ -153,8 +158,7 @@ class Runner:
         if request.get("compile"):
             fast_attention = torch.compile(fast_attention, fullgraph=True, backend="aot_eager")
         q, k, v = (
-            unpack(spec, tensors, f"in{i}").detach().requires_grad_(True)
-            for i, spec in enumerate(request["inputs"])
+            t.detach().requires_grad_(True) for t in unpack_all(request["inputs"], tensors, "in")
         )
         weight = tensors["weight"].to(q.device)
         out = {}
@@ -188,7 +192,7 @@ class Runner:
         from torch.profiler import ProfilerActivity, profile
 
         fast_attention = self.load("candidate_attention_wrapper")
-        inputs = [unpack(spec, tensors, f"in{i}") for i, spec in enumerate(request["inputs"])]
+        inputs = unpack_all(request["inputs"], tensors, "in")
         fast_attention(*inputs)
         torch.cuda.synchronize()
         label = "kata: the call under test"
@@ -236,8 +240,8 @@ class Runner:
     def op_graph(self, request, tensors):
         """One call captured in a CUDA graph (warmed up outside), replayed on new inputs."""
         fast_attention = self.load("candidate_attention_wrapper")
-        static = [unpack(spec, tensors, f"in{i}") for i, spec in enumerate(request["inputs"])]
-        fresh = [unpack(spec, tensors, f"new{i}") for i, spec in enumerate(request["fresh"])]
+        static = unpack_all(request["inputs"], tensors, "in")
+        fresh = unpack_all(request["fresh"], tensors, "new")
         try:
             warm = torch.cuda.Stream()
             warm.wait_stream(torch.cuda.current_stream())
