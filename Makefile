@@ -14,7 +14,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 22
 
 deps: ## install the missing dependencies (never replaces an installed torch)
-	@$(PYTHON) -m kata.deps
+	@$(PYTHON) -m kata.toolchain.deps
 
 build: deps ## build flawed/custom_attention.so for this machine and the fixed/ extension
 	@$(KATA) build

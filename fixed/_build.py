@@ -62,9 +62,10 @@ def _stamp(config: dict) -> str:
     # The sources and the headers they may include (.cuh only for the CUDA build).
     headers = {".h", ".cuh"} if config["with_cuda"] else {".h"}
     paths = {Path(source) for source in config["sources"]}
-    paths.update(path for path in _CSRC.iterdir() if path.suffix in headers)
+    paths.update(path for path in _CSRC.rglob("*") if path.suffix in headers)
     for path in sorted(paths):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        name = path.relative_to(_CSRC).as_posix().encode()
+        digest.update(name + b"\0" + path.read_bytes() + b"\0")
     flags = {key: value for key, value in config.items() if key != "sources"}
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if config["with_cuda"] else ""
     policy = _ARCH_POLICY if config["with_cuda"] else ""
@@ -103,7 +104,7 @@ _ARCH_POLICY = "sm_90 code as sm_90a"
 def _cuda_arch_flags(cpp_extension) -> list[str]:
     """torch's -gencode flags (TORCH_CUDA_ARCH_LIST, or the visible GPUs), with sm_90 code built
     as sm_90a: the one image for compute capability 9.0 then has the wgmma forward
-    (csrc/flash_forward_sm90.cuh). Its PTX stays compute_90, for JIT on later GPUs. Any
+    (csrc/kernels/flash_forward_sm90.cuh). Its PTX stays compute_90, for JIT on later GPUs. Any
     -gencode in extra_cuda_cflags makes load() add none of its own, so these are all of them."""
     torch_flags = getattr(cpp_extension, "_get_cuda_arch_flags", None)
     if torch_flags is None:  # a private helper: without it, torch's own flags, no sm_90a

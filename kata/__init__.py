@@ -1,4 +1,6 @@
-"""The kata harness: flaw catalog, probes, process isolation, builders, reference, review, hints."""
+"""The kata: `python -m kata` (__main__.py). harness/ judges, interviewer/ and candidate/ hold
+each reader's tools, toolchain/ installs and builds. The paths and the error every part shares
+are here."""
 
 from pathlib import Path
 

@@ -1,16 +1,17 @@
-"""The kata's command line: `python -m kata --help` lists the subcommands."""
+"""The kata's command line: `python -m kata --help` lists the subcommands.
+
+The interviewer's (kata/interviewer/) and the candidate's (kata/candidate/) register their own;
+the ones both use, and the maintainer's, are here.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import math
 import sys
 import warnings
-from pathlib import Path
 
-from kata import FLAWED_DIR, REPO_ROOT, KataError
+from kata import REPO_ROOT, KataError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,129 +21,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"kata: {message} (see `{self.prog} --help`)\n")
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:  # 0 would time every probe out: fixed/ at 0%
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
-MAX_SEED = 2**63 - 1  # what torch's generators take; review prints seeds below 2**31
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 2**63 - 1, got {text}")
-    return value
-
-
-def _flaw_ids(values: list[str] | None, catalog, round_number: int) -> list[str] | None:
-    """--only's ids, space- or comma-separated, each checked against the round's catalog."""
-    if values is None:
-        return None
-    ids = list(dict.fromkeys(i.strip() for value in values for i in value.split(",") if i.strip()))
-    known = [flaw.id for flaw in catalog]
-    unknown = [i for i in ids if i not in known]
-    if not ids:
-        problem = "no flaw id given"
-    elif unknown:
-        plural = "s" if len(unknown) > 1 else ""
-        problem = f"unknown flaw id{plural} {', '.join(map(repr, unknown))} in round {round_number}"
-    else:
-        return ids
-    raise KataError(f"--only: {problem}; known: {', '.join(known)}")
-
-
-def _review(args) -> int:
-    from kata import report
-    from kata.review import Implementation, resolve_implementation, run_review
-
-    catalog, shipped_dir = _round(args.round)
-    only = _flaw_ids(args.only, catalog, args.round)
-    # Refused before the review, not after minutes of probes.
-    if args.markdown and not Path(args.markdown).resolve().parent.is_dir():
-        raise KataError(f"--markdown {args.markdown}: its directory does not exist")
-    if args.markdown and Path(args.markdown).is_dir():
-        raise KataError(f"--markdown {args.markdown}: a directory, not a file")
-    if args.impl:
-        implementation = resolve_implementation(args.impl)
-    elif args.round == 2:
-        implementation = Implementation("flawed/proposed_fix", "dir", shipped_dir)
-    else:
-        implementation = resolve_implementation("flawed")
-    if args.explain:
-        if not report.RUBRIC.exists():
-            raise KataError("--explain is the interviewer's tool: this copy has no rubric.md")
-        if args.explain not in {flaw.id for flaw in catalog}:
-            known = ", ".join(flaw.id for flaw in catalog)
-            raise KataError(
-                f"unknown flaw id {args.explain!r} in round {args.round}; known: {known}"
-            )
-        only = [args.explain]
-    review = run_review(
-        implementation,
-        timeout=args.timeout,
-        seed=args.seed,
-        only=only,
-        catalog=catalog,
-        round_number=args.round,
-        prepare=_round_two_prepare() if args.round == 2 else None,
-    )
-    if args.explain:
-        print(report.format_explanation(review))
-        return 0
-    changes, bands = report.candidate_changes(review), report.level_bands()
-    if args.markdown:
-        try:
-            Path(args.markdown).write_text(report.format_markdown(review, changes, bands))
-        except OSError as error:
-            raise KataError(f"cannot write {args.markdown}: {error.strerror}") from None
-    if args.json:
-        print(json.dumps(review.to_json(), indent=2))
-    else:
-        print(report.format_table(review, changes, bands))
-        if args.markdown:
-            print(f"Markdown report written to {args.markdown}")
-    return 0
-
-
-def _round_two_prepare():
-    from kata import round2
-
-    return round2.prepare
-
-
-def _round(number: int):
-    """The catalog of a round and the directory its code ships in."""
-    if number == 1:
-        from kata.catalog import CATALOG
-
-        return CATALOG, FLAWED_DIR
-    # A handout leaves round2.py out. Asked by name, not by catching ImportError: that would
-    # also hide a real import error inside round2.py.
-    if importlib.util.find_spec("kata.round2") is None:
-        raise KataError("round two is not part of this copy of the kata")
-    from kata import round2
-
-    return round2.CATALOG, round2.ROUND2_DIR
-
-
-def _hint(args) -> int:
-    from kata.hints import next_hint
-
-    print(next_hint(args.id))
-    return 0
-
-
 def _list(args) -> int:
-    from kata.catalog import CATALOG
+    from kata.harness.catalog import CATALOG
 
     for flaw in CATALOG:
         needs = ", ".join(sorted(need.value for need in flaw.needs)) or "cpu"
@@ -151,8 +31,8 @@ def _list(args) -> int:
 
 
 def _build(args) -> int:
-    from kata import builders
-    from kata.review import resolve_implementation
+    from kata.harness.review import resolve_implementation
+    from kata.toolchain import builders
 
     implementation = resolve_implementation(args.impl)  # in a handout, fixed/ is absent
     if implementation.kind == "fixed":
@@ -165,7 +45,7 @@ def _build(args) -> int:
 
 
 def _check_cuda(args) -> int:
-    from kata.builders import PURE_CUDA_SOURCES, SM90A_CUDA_SOURCES, compile_check_cuda
+    from kata.toolchain.builders import PURE_CUDA_SOURCES, SM90A_CUDA_SOURCES, compile_check_cuda
 
     for arch, sources in ((args.arch, PURE_CUDA_SOURCES), ("sm_90a", SM90A_CUDA_SOURCES)):
         compile_check_cuda(sources, arch=arch)
@@ -175,7 +55,7 @@ def _check_cuda(args) -> int:
 
 
 def _checksum(args) -> int:
-    from kata import shipped
+    from kata.toolchain import shipped
 
     if args.update:
         shipped.update_manifest()
@@ -186,31 +66,15 @@ def _checksum(args) -> int:
     return 0
 
 
-def _reset(args) -> int:
-    import shutil
-    import time
+def _bench(argv: list[str]) -> int:
+    """`make bench` is fixed/'s performance tool, in bench/ beside the kata; a handout has none.
+    Asked by name, not by catching ImportError, which would hide a real one inside bench/."""
+    if importlib.util.find_spec("bench.cli") is None:
+        print("kata: the bench is not part of this copy of the kata", file=sys.stderr)
+        return 2
+    from bench.cli import main as bench_main
 
-    from kata import shipped
-
-    changed = shipped.changed_files()
-    if not changed:
-        print("flawed/ is as shipped: nothing to reset")
-        return 0
-    print("Edited since shipping: " + ", ".join(changed))
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise KataError("reset needs confirmation: run `python -m kata reset --yes`")
-        if input("Restore the shipped flawed/? A backup of your copy is kept. [y/N] ") != "y":
-            print("Nothing changed.")
-            return 1
-    backup = REPO_ROOT / "flawed-backups" / time.strftime("%Y%m%d-%H%M%S")
-    shutil.copytree(FLAWED_DIR, backup, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    shipped.restore()
-    still = shipped.changed_files()
-    if still:
-        raise KataError("flawed/ still differs from the shipped files: " + ", ".join(still))
-    print(f"flawed/ restored. Your copy: {backup.relative_to(REPO_ROOT)}/")
-    return 0
+    return bench_main(argv)
 
 
 def main(argv=None) -> int:
@@ -218,43 +82,15 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
-        from kata import bench
-
-        return bench.main(argv[1:])
-    parser = _Parser(prog="python -m kata", description=__doc__)
+        return _bench(argv[1:])
+    parser = _Parser(prog="python -m kata", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    review = commands.add_parser("review", help="scorecard of an implementation")
-    review.add_argument(
-        "--impl",
-        help="flawed (default), fixed, or a directory: a candidate's copy of flawed/ "
-        "(of flawed/proposed_fix/ with --round 2)",
-    )
-    review.add_argument(
-        "--round",
-        type=int,
-        choices=(1, 2),
-        default=1,
-        help="1: the wrapper (default); 2: review the proposed fix in flawed/proposed_fix/",
-    )
-    review.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
-    review.add_argument(
-        "--explain", metavar="ID", help="one flaw in depth: its code, live evidence and rubric"
-    )
-    review.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    review.add_argument("--timeout", type=_seconds, default=60.0, help="seconds per probe (60)")
-    review.add_argument("--seed", type=_seed, help="replay the random inputs of an earlier review")
-    review.add_argument(
-        "--only",
-        nargs="+",
-        metavar="ID",
-        help="judge only these flaw ids (dtype shape, or dtype,shape)",
-    )
-    review.set_defaults(run=_review)
+    from kata.candidate import commands as candidate
+    from kata.interviewer import commands as interviewer
 
-    hint = commands.add_parser("hint", help="the next hint for one flaw id")
-    hint.add_argument("id")
-    hint.set_defaults(run=_hint)
+    interviewer.register(commands)
+    candidate.register(commands)
 
     commands.add_parser("list", help="the flaw catalog").set_defaults(run=_list)
 
@@ -270,16 +106,8 @@ def main(argv=None) -> int:
     checksum.add_argument("--update", action="store_true", help="record flawed/ as shipped")
     checksum.set_defaults(run=_checksum)
 
-    reset = commands.add_parser("reset", help="restore the shipped flawed/, keeping a backup")
-    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    reset.set_defaults(run=_reset)
-
-    # bench parses its own options (python -m kata bench --help): see main() below.
+    # bench parses its own options (python -m kata bench --help): see _bench().
     commands.add_parser("bench", help="benchmarks: flawed vs fixed vs SDPA (make bench)")
-
-    from kata import candidate
-
-    candidate.register(commands)
 
     args = parser.parse_args(argv)
     try:

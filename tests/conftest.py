@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kata import FLAWED_DIR, builders, shipped
-from kata.catalog import CATALOG, Need
-from kata.review import Review, resolve_implementation, run_review
+from kata import FLAWED_DIR
+from kata.harness.catalog import CATALOG, Need
+from kata.harness.review import Review, resolve_implementation, run_review
+from kata.toolchain import builders, shipped
 
 NEED_MARKS = {
     Need.CUDA: pytest.mark.cuda,

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import pytest
 
-from kata import builders, shipped
-from kata.catalog import BY_ID, CATALOG
-from kata.review import Machine, resolve_implementation, run_review
+from kata.harness.catalog import BY_ID, CATALOG
+from kata.harness.review import Machine, resolve_implementation, run_review
+from kata.toolchain import builders, shipped
 
 CORPUS = Path(__file__).resolve().parent / "adversarial"
 CANDIDATES = sorted(CORPUS.glob("*.py"))

@@ -1,6 +1,6 @@
-"""`make bench` (kata/bench.py): the quick CPU run end to end, the FLOP formula, and the logic of
-the GPU-only rows (checks, refusals, ratios, the slow-call limit) driven on the CPU with tiny
-shapes. Timings are recorded, never asserted."""
+"""`make bench` (the bench/ package): the quick CPU run end to end, the FLOP formula, and the
+logic of the GPU-only rows (checks, refusals, ratios, the slow-call limit) driven on the CPU with
+tiny shapes. Timings are recorded, never asserted."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from kata import bench
+from bench import backends, cases, cli, timing
 
 CPU_ONLY = pytest.mark.skipif(
     torch.cuda.is_available(),
@@ -25,7 +25,7 @@ CPU_ONLY = pytest.mark.skipif(
 def quick_report(tmp_path_factory):
     directory = tmp_path_factory.mktemp("bench")
     path = directory / "b.json"
-    assert bench.main(["--quick", "--json", str(path), "--png", str(directory / "b.png")]) == 0
+    assert cli.main(["--quick", "--json", str(path), "--png", str(directory / "b.png")]) == 0
     return json.loads(path.read_text())
 
 
@@ -34,17 +34,17 @@ def rows_of(report, section):
 
 
 def test_flops_forward_is_4_b_h_l_s_d():
-    assert bench.attention_flops(2, 3, 5, 7, 11) == 4 * 2 * 3 * 5 * 7 * 11
+    assert cases.attention_flops(2, 3, 5, 7, 11) == 4 * 2 * 3 * 5 * 7 * 11
 
 
 def test_flops_causal_halves_and_backward_adds_two_and_a_half():
-    forward = bench.attention_flops(4, 16, 1024, 1024, 128)
-    assert bench.attention_flops(4, 16, 1024, 1024, 128, causal=True) == forward / 2
-    assert bench.attention_flops(4, 16, 1024, 1024, 128, backward=True) == 3.5 * forward
-    both = bench.attention_flops(4, 16, 1024, 1024, 128, causal=True, backward=True)
+    forward = cases.attention_flops(4, 16, 1024, 1024, 128)
+    assert cases.attention_flops(4, 16, 1024, 1024, 128, causal=True) == forward / 2
+    assert cases.attention_flops(4, 16, 1024, 1024, 128, backward=True) == 3.5 * forward
+    both = cases.attention_flops(4, 16, 1024, 1024, 128, causal=True, backward=True)
     assert both == 3.5 * forward / 2
     # The LLM sweep's largest shape: 8.8 TFLOP forward.
-    assert bench.attention_flops(4, 16, 16384, 16384, 128) == pytest.approx(8.796e12, rel=1e-3)
+    assert cases.attention_flops(4, 16, 16384, 16384, 128) == pytest.approx(8.796e12, rel=1e-3)
 
 
 @CPU_ONLY
@@ -120,7 +120,7 @@ def test_every_row_has_the_documented_fields(quick_report):
 def test_time_limit_skips_rows_with_the_reason(tmp_path, capsys):
     path = tmp_path / "b.json"
     argv = ["--quick", "--only", "kata", "--time-limit", "0", "--json", str(path)]
-    assert bench.main(argv) == 0
+    assert cli.main(argv) == 0
     rows = json.loads(path.read_text())["rows"]
     assert rows and all("--time-limit" in row["status"] for row in rows), rows
     assert "Skipped rows:" in capsys.readouterr().out
@@ -132,16 +132,16 @@ def test_time_limit_skips_rows_with_the_reason(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def cpu_bench():
-    args = bench.build_parser().parse_args(["--quick"])
-    settings = bench.make_settings(args, torch.device("cpu"))
-    return settings, bench.Implementations(["llm"])
+    args = cli.build_parser().parse_args(["--quick"])
+    settings = cases.make_settings(args, torch.device("cpu"))
+    return settings, backends.Implementations(["llm"])
 
 
 def run_llm_shape(settings, impls, chosen, shape, causal):
-    runner = bench.Bench(settings, log=lambda text: None)
+    runner = timing.Bench(settings, log=lambda text: None)
     groups = {
-        pass_: [bench.new_row("llm", impl, shape, torch.bfloat16, causal, pass_) for impl in chosen]
-        for pass_ in (bench.FWD, bench.FWD_BWD)
+        pass_: [cases.new_row("llm", impl, shape, torch.bfloat16, causal, pass_) for impl in chosen]
+        for pass_ in (cases.FWD, cases.FWD_BWD)
     }
     for rows in groups.values():
         runner.rows.extend(rows)
@@ -153,9 +153,9 @@ def test_llm_rows_check_time_and_refuse(cpu_bench):
     settings, impls = cpu_bench
 
     def wrong(query, key, value, causal=False):
-        return bench.sdpa(query, key, value, causal) * 1.5
+        return backends.sdpa(query, key, value, causal) * 1.5
 
-    wrong_impl = bench.Impl("wrong", "wrong", wrong)
+    wrong_impl = cases.Impl("wrong", "wrong", wrong)
     chosen = (impls.fixed, impls.sdpa, impls.flash, impls.cudnn, wrong_impl)
     runner, rows = run_llm_shape(settings, impls, chosen, (1, 2, 64, 32), causal=True)
     for pass_ in ("fwd", "fwd+bwd"):
@@ -163,19 +163,19 @@ def test_llm_rows_check_time_and_refuse(cpu_bench):
             row = rows[(key, pass_)]
             assert row["status"] == "ok", row
             assert row["median_ms"] > 0 and row["runs"] >= settings.min_runs, row
-            assert row["rel_error"] < bench.TOLERANCE[torch.bfloat16], row
+            assert row["rel_error"] < cases.TOLERANCE[torch.bfloat16], row
         assert rows[("sdpa cudnn", pass_)]["status"].startswith("unavailable: "), rows
         wrong_row = rows[("wrong", pass_)]
         assert wrong_row["status"].startswith("WRONG: relative error"), wrong_row
         assert wrong_row["median_ms"] is None, wrong_row
     assert "llm bfloat16 D=32 causal fwd+bwd" in runner.sdpa_kernels
-    bench.set_ratios_to_flash(runner.rows)
+    cases.set_ratios_to_flash(runner.rows)
     for pass_ in ("fwd", "fwd+bwd"):
         flash, fixed = rows[("sdpa flash", pass_)], rows[("fixed", pass_)]
         assert flash["ratio_to_flash"] == 1.0
         assert fixed["ratio_to_flash"] == pytest.approx(flash["median_ms"] / fixed["median_ms"])
         assert fixed["tflops"] == pytest.approx(
-            bench.attention_flops(1, 2, 64, 64, 32, causal=True, backward=pass_ == "fwd+bwd")
+            cases.attention_flops(1, 2, 64, 64, 32, causal=True, backward=pass_ == "fwd+bwd")
             / (fixed["median_ms"] * 1e-3)
             / 1e12
         )
@@ -184,11 +184,11 @@ def test_llm_rows_check_time_and_refuse(cpu_bench):
 
 def test_a_call_over_max_call_is_not_timed_nor_are_longer_ones(cpu_bench):
     settings, impls = cpu_bench
-    runner = bench.Bench(settings, log=lambda text: None)
-    runner.s = bench.Settings(**{**vars(settings), "max_call_s": 0.0})
-    row = bench.new_row("llm", impls.sdpa, (1, 1, 8, 16), torch.float32, False, "fwd")
+    runner = timing.Bench(settings, log=lambda text: None)
+    runner.s = cases.Settings(**{**vars(settings), "max_call_s": 0.0})
+    row = cases.new_row("llm", impls.sdpa, (1, 1, 8, 16), torch.float32, False, "fwd")
     sets = runner.input_sets([(1, 1, 8, 16)] * 3, torch.float32)
-    runner.measure(row, lambda i: bench.sdpa(*sets[i % len(sets)]), len(sets), None, "key")
+    runner.measure(row, lambda i: backends.sdpa(*sets[i % len(sets)]), len(sets), None, "key")
     assert row["status"].startswith("skipped: one call takes") and row["median_ms"] is None, row
     later = dict(row, status="ok")
     runner.measure(later, lambda i: pytest.fail("not called"), len(sets), None, "key")
@@ -210,37 +210,40 @@ def test_refusal_names_the_forced_backends_reasons():
             warnings.warn(message, UserWarning, stacklevel=1)
     error = RuntimeError("No available kernel. Aborting execution.")
     assert (
-        bench._refusal(error, caught, "cudnn")
+        backends._refusal(error, caught, "cudnn")
         == "cuDNN attention requires head dim <= 128. Got 256."
     )
-    assert bench._refusal(error, caught, "flash") == "Flash attention has been runtime disabled."
+    assert backends._refusal(error, caught, "flash") == "Flash attention has been runtime disabled."
     assert (
-        bench._refusal(error, [], "flash")
+        backends._refusal(error, [], "flash")
         == "RuntimeError: No available kernel. Aborting execution."
     )
 
 
 def test_backend_is_read_from_kernel_names():
-    assert bench.backend_of(["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>"]) == (
-        "flash"
+    assert (
+        backends.backend_of(["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>"])
+        == "flash"
     )
-    assert bench.backend_of(["cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma"]) == "cudnn"
-    assert bench.backend_of(["fmha_cutlassF_bf16_aligned_64x64_rf_sm80"]) == "efficient"
-    assert bench.backend_of(["aten::_scaled_dot_product_flash_attention_for_cpu"]) == "flash"
+    assert (
+        backends.backend_of(["cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma"]) == "cudnn"
+    )
+    assert backends.backend_of(["fmha_cutlassF_bf16_aligned_64x64_rf_sm80"]) == "efficient"
+    assert backends.backend_of(["aten::_scaled_dot_product_flash_attention_for_cpu"]) == "flash"
 
 
 def test_relative_error_of_a_non_finite_result_is_infinite():
     reference = torch.ones(4)
-    assert math.isinf(bench.relative_error(torch.tensor([1.0, math.nan, 1.0, 1.0]), reference))
-    assert bench.relative_error(reference * 1.01, reference) == pytest.approx(0.01)
+    assert math.isinf(cases.relative_error(torch.tensor([1.0, math.nan, 1.0, 1.0]), reference))
+    assert cases.relative_error(reference * 1.01, reference) == pytest.approx(0.01)
 
 
 def test_a_slow_first_call_alone_does_not_skip_the_row(cpu_bench):
     """One-time work in the first call (cuDNN plans, lazy loading) is not the row's speed."""
     settings, impls = cpu_bench
-    runner = bench.Bench(settings, log=lambda text: None)
-    runner.s = bench.Settings(**{**vars(settings), "max_call_s": 0.2})
-    row = bench.new_row("llm", impls.sdpa, (1, 1, 8, 16), torch.float32, False, "fwd")
+    runner = timing.Bench(settings, log=lambda text: None)
+    runner.s = cases.Settings(**{**vars(settings), "max_call_s": 0.2})
+    row = cases.new_row("llm", impls.sdpa, (1, 1, 8, 16), torch.float32, False, "fwd")
     sets = runner.input_sets([(1, 1, 8, 16)] * 3, torch.float32)
     calls = []
 
@@ -248,7 +251,7 @@ def test_a_slow_first_call_alone_does_not_skip_the_row(cpu_bench):
         calls.append(i)
         if len(calls) == 1:
             time.sleep(0.3)  # over --max-call, once
-        return bench.sdpa(*sets[i % len(sets)])
+        return backends.sdpa(*sets[i % len(sets)])
 
     runner.measure(row, call, len(sets), None, "key")
     assert row["status"] == "ok" and row["median_ms"] is not None, row  # timed, not skipped

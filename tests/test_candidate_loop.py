@@ -21,10 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from kata import REPO_ROOT, candidate, hints, shipped
-from kata.catalog import CATALOG
-from kata.isolation import Implementation, ProbeResult
-from kata.review import FlawReport, Machine, Review
+from kata import REPO_ROOT
+from kata.candidate import commands as candidate
+from kata.harness import hints
+from kata.harness.catalog import CATALOG
+from kata.harness.isolation import Implementation, ProbeResult
+from kata.harness.review import FlawReport, Machine, Review
+from kata.interviewer.handout import build_handout
+from kata.toolchain import shipped
 
 WRAPPER = "flawed/attention_wrapper.py"
 SHIPPED_WRAPPER = shipped.shipped()["attention_wrapper.py"]
@@ -86,7 +90,7 @@ def shipped_handout(handout: Path) -> Path:
 
 
 def test_round_two_handout_adds_the_proposed_fix(tmp_path):
-    dest = candidate.build_handout(tmp_path / "round2", round_number=2)
+    dest = build_handout(tmp_path / "round2", round_number=2)
     proposed = {n for n in shipped.shipped() if n.startswith(shipped.ROUND2_SUBDIR + "/")}
     assert proposed and all((dest / "flawed" / n).is_file() for n in proposed)
     assert not (dest / "kata" / "round2.py").exists()  # the answers stay with the interviewer
@@ -94,7 +98,7 @@ def test_round_two_handout_adds_the_proposed_fix(tmp_path):
 
 def test_handout_has_the_candidate_files_and_no_answers(tmp_path):
     dest = tmp_path / "handout"
-    candidate.build_handout(dest)
+    build_handout(dest)
     names = {path.relative_to(dest).as_posix() for path in dest.rglob("*") if path.is_file()}
     top = {".gitignore", "Makefile", "README.md", "flawed", "kata", "pyproject.toml"}
     assert {name.split("/")[0] for name in names} == top
@@ -105,9 +109,17 @@ def test_handout_has_the_candidate_files_and_no_answers(tmp_path):
     round_two = shipped.ROUND2_SUBDIR + "/"
     round_one = {n: text for n, text in shipped.shipped().items() if not n.startswith(round_two)}
     assert flawed == round_one  # the proposed fix of round two fixes round-one flaws: not here
-    assert json.loads((dest / "kata" / shipped.MANIFEST.name).read_text()) == round_one
+    manifest = dest / shipped.MANIFEST.relative_to(REPO_ROOT)
+    assert json.loads(manifest.read_text()) == round_one
     assert (dest / "README.md").read_text() == (REPO_ROOT / "CANDIDATE.md").read_text()
-    for absent in ("fixed", "rubric.md", "tests", ".ci", "kata/round2.py", "kata/handout.mk"):
+    for absent in (
+        "fixed",
+        "rubric.md",
+        "tests",
+        ".ci",
+        "kata/harness/round2.py",
+        "kata/interviewer/handout.mk",
+    ):
         assert not (dest / absent).exists(), absent
 
     # What would give answers away, checked text by text over every file of the handout:
@@ -116,7 +128,7 @@ def test_handout_has_the_candidate_files_and_no_answers(tmp_path):
     # - kata/ is the harness the candidate runs: it may name fixed/ and rubric.md (its
     #   interviewer commands, which fail cleanly here), but holds no round-two id;
     # - no file holds a line of rubric.md's prose, a line of fixed/'s sources, or an id, title,
-    #   "where" or hint of the round-two catalog (kata/round2.py).
+    #   "where" or hint of the round-two catalog (kata/harness/round2.py).
     texts = {name: (dest / name).read_text() for name in names}
     for name, text in texts.items():
         assert not re.search(r"\br2-[a-z]", text), f"{name} names a round-two id"
@@ -160,7 +172,7 @@ def _fixed_source_lines() -> set[str]:
 
 def _round_two_strings() -> set[str]:
     """The round-two catalog's answers: ids, titles, where each flaw sits, hints."""
-    from kata import round2
+    from kata.harness import round2
 
     return {
         text for flaw in round2.CATALOG for text in (flaw.id, flaw.title, flaw.where, *flaw.hints)

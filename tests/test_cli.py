@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from kata import FLAWED_DIR, REPO_ROOT, KataError, builders, candidate, catalog, hints
-from kata.catalog import CATALOG
+from kata import FLAWED_DIR, REPO_ROOT, KataError
+from kata.harness import catalog, hints
+from kata.harness.catalog import CATALOG
+from kata.interviewer.handout import build_handout
+from kata.toolchain import builders
 
 ROUND_ONE_IDS = ", ".join(flaw.id for flaw in CATALOG)
 
@@ -49,7 +52,7 @@ def one_line_error(result: subprocess.CompletedProcess, status: int = 2) -> str:
 
 @pytest.fixture(scope="module")
 def handout(tmp_path_factory) -> Path:
-    return candidate.build_handout(tmp_path_factory.mktemp("cli") / "handout")
+    return build_handout(tmp_path_factory.mktemp("cli") / "handout")
 
 
 # ------------------------------------------------------------------------------------- review
@@ -93,7 +96,7 @@ def test_review_only_refuses_unknown_ids_and_lists_the_rounds_ids(only, named):
 
 
 def test_review_only_knows_the_ids_of_round_two():
-    from kata import round2
+    from kata.harness import round2
 
     line = one_line_error(kata("review", "--round", "2", "--only", "dtype"))
     known = ", ".join(flaw.id for flaw in round2.CATALOG)
@@ -217,7 +220,7 @@ def test_round_two_in_a_round_one_handout_is_one_line(handout):
 def test_catalog_knows_round_one_and_hints_ask_round_two(tmp_path):
     """catalog.py must not import round2.py (round2 imports it; a handout lacks it): the round
     that a hint belongs to is for the hint command to find."""
-    from kata import round2
+    from kata.harness import round2
 
     second = round2.CATALOG[0]
     with pytest.raises(KataError, match=f"unknown flaw id '{second.id}'"):

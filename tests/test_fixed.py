@@ -19,8 +19,14 @@ from pytest_check import check
 
 import fixed
 from fixed import _build
-from kata import reference
-from kata.reference import TOLERANCE, attention, attention_with_grads, random_inputs, relative_error
+from kata.harness import reference
+from kata.harness.reference import (
+    TOLERANCE,
+    attention,
+    attention_with_grads,
+    random_inputs,
+    relative_error,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)

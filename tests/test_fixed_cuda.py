@@ -1,5 +1,5 @@
-"""fixed/'s CUDA kernels (fixed/csrc/attention_kernels.cuh, attention_cuda.cu) on a GPU: results
-against the float64 reference, opcheck, torch.compile, CUDA graphs, the current stream, the
+"""fixed/'s CUDA kernels (fixed/csrc/attention_cuda.cu, kernels/attention_kernels.cuh) on a GPU:
+results against the float64 reference, opcheck, torch.compile, CUDA graphs, the current stream, the
 device guard, bad and empty inputs, and compute-sanitizer. Every test needs CUDA and skips,
 saying so, without it. Inputs are fresh each run; FIXED_CUDA_SEED=<seed> replays a failure."""
 
@@ -12,8 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from kata import reference
-from kata.reference import TOLERANCE, attention, attention_with_grads, relative_error
+from kata.harness import reference
+from kata.harness.reference import TOLERANCE, attention, attention_with_grads, relative_error
 from tests.cuda_support import (
     NEEDS_CUDA,
     dtype_id,

@@ -1,5 +1,5 @@
-"""fixed/'s tensor-core backward (fixed/csrc/flash_backward.cuh: mma.sync, bf16 and fp16, head
-dims 64 and 128) on a GPU: dQ, dK and dV against the float64 reference and against the generic
+"""fixed/'s tensor-core backward (fixed/csrc/kernels/flash_backward.cuh: mma.sync, bf16 and fp16,
+head dims 64 and 128) on a GPU: dQ, dK and dV against the float64 reference and against the generic
 float32 kernels, ragged lengths around the 64-query and 128-key blocks, L != S both ways,
 causal, views, negative scales, misaligned inputs, which kernels ran, and compute-sanitizer.
 Every test needs CUDA and skips, saying so, without it. Inputs are fresh each run;
@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from kata.reference import TOLERANCE, attention_with_grads, relative_error
+from kata.harness.reference import TOLERANCE, attention_with_grads, relative_error
 from tests.cuda_support import (
     NEEDS_CUDA,
     TENSOR_CORE_SANITIZER_TOOLS,

@@ -1,4 +1,4 @@
-"""fixed/'s tensor-core forwards (bf16 and fp16, head dims 64 and 128: fixed/csrc/
+"""fixed/'s tensor-core forwards (bf16 and fp16, head dims 64 and 128: fixed/csrc/kernels/
 flash_forward.cuh, mma.sync; on compute capability 9.0 flash_forward_sm90.cuh, wgmma) on a
 GPU: output and logsumexp against the float64 reference, against the generic
 float32 kernel, ragged lengths, L != S, causal, non-contiguous and misaligned inputs, that the
@@ -16,8 +16,8 @@ import textwrap
 import pytest
 import torch
 
-from kata import reference
-from kata.reference import TOLERANCE, attention, relative_error
+from kata.harness import reference
+from kata.harness.reference import TOLERANCE, attention, relative_error
 from tests.cuda_support import (
     NEEDS_CUDA,
     TENSOR_CORE_SANITIZER_TOOLS,

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kata import FLAWED_DIR, REPO_ROOT, KataError, builders, shipped
-from kata.catalog import CATALOG
-from kata.hints import next_hint
-from kata.probes import PROBES
-from kata.review import resolve_implementation, run_review
-from kata.rubric import rubric_section
+from kata import FLAWED_DIR, REPO_ROOT, KataError
+from kata.harness.catalog import CATALOG
+from kata.harness.hints import next_hint
+from kata.harness.probes import PROBES
+from kata.harness.review import resolve_implementation, run_review
+from kata.harness.rubric import rubric_section
+from kata.toolchain import builders, shipped
 
 FAST_PROBES = ["shape", "contiguity"]  # two cheap probes: enough to see a review complete
 
@@ -342,7 +343,9 @@ def test_shipped_checksums_notice_an_edit(tmp_path):
 
 @pytest.mark.skipif(os.environ.get("CI") != "true", reason="only on CI's clean clone (CI=true)")
 def test_flawed_is_as_shipped_on_a_clean_clone():
-    assert shipped.changed_files() == [], "kata/shipped_flawed.json is stale: run kata checksum"
+    assert shipped.changed_files() == [], (
+        "kata/toolchain/shipped_flawed.json is stale: run kata checksum"
+    )
 
 
 # --------------------------------------------------------------------- catalog and rubric
@@ -363,7 +366,7 @@ def test_every_flaw_has_three_hints_and_a_location():
 def test_every_flaw_has_a_probe_and_every_probe_judges_a_flaw():
     catalogs = list(CATALOG)
     try:
-        from kata import round2
+        from kata.harness import round2
     except ModuleNotFoundError:  # a handout has no round two
         pass
     else:
@@ -393,7 +396,7 @@ def test_rubric_states_each_flaws_partial_credit_as_the_catalog_does():
 
 
 def test_rubric_names_every_error_type_that_is_never_loud():
-    from kata.judging import UNRELATED_TYPES
+    from kata.harness.judging import UNRELATED_TYPES
 
     rules = (REPO_ROOT / "rubric.md").read_text().split("## How the review judges", 1)[1]
     for name in UNRELATED_TYPES:

@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-from kata import FLAWED_DIR, REPO_ROOT, report
-from kata.catalog import CATALOG
-from kata.review import resolve_implementation, run_review
+from kata import FLAWED_DIR, REPO_ROOT
+from kata.harness.catalog import CATALOG
+from kata.harness.review import resolve_implementation, run_review
+from kata.interviewer import report
 
 SHIPPED_WRAPPER = (FLAWED_DIR / "attention_wrapper.py").read_text()
 

@@ -10,10 +10,12 @@ import sys
 
 import pytest
 
-from kata import FLAWED_DIR, REPO_ROOT, round2, shipped
-from kata.catalog import CATALOG
-from kata.probes import PROBES
-from kata.review import Review, resolve_implementation, run_review
+from kata import FLAWED_DIR, REPO_ROOT
+from kata.harness import round2
+from kata.harness.catalog import CATALOG
+from kata.harness.probes import PROBES
+from kata.harness.review import Review, resolve_implementation, run_review
+from kata.toolchain import shipped
 from tests.conftest import NEED_MARKS, result_of, skip_unless_flawed_is_shipped
 
 
@@ -93,7 +95,7 @@ def test_round2_points_total_50():
 def test_round2_probes_exist():
     for flaw in round2.CATALOG:
         assert flaw.probe, f"{flaw.id} names no probe"
-        assert flaw.probe_id in PROBES, f"{flaw.id}: no probe {flaw.probe_id!r} in kata.probes"
+        assert flaw.probe_id in PROBES, f"{flaw.id}: no probe {flaw.probe_id!r}"
 
 
 def test_round2_entries_are_complete():

@@ -1,5 +1,5 @@
-"""kata/sandbox.py: real confined processes, one set of checks per strategy this machine has (each
-skips, saying why, where its strategy does not work here)."""
+"""The sandbox (kata/harness/sandbox.py): real confined processes, one set of checks per strategy
+this machine has (each skips, saying why, where its strategy does not work here)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kata import sandbox
+from kata.harness import sandbox
 
 WRITE_REFUSED = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT}  # ENOENT: under a new tmpfs
 
@@ -185,14 +185,15 @@ def test_torch_and_torch_compile_work_inside(box, tmp_path):
 def test_a_checkout_under_tmp_stays_readable(box, tmp_path):
     """The private /tmp hides the host's: a checkout (or Python) there is bound back, read-only."""
     checkout, work = tmp_path / "checkout", tmp_path / "work"
-    (checkout / "kata").mkdir(parents=True)
+    (checkout / "kata" / "harness").mkdir(parents=True)
     work.mkdir()
     (checkout / "kata" / "__init__.py").write_text("")
-    shutil.copy(sandbox.LAUNCHER, checkout / "kata" / "sandbox.py")
-    inner = "import kata.sandbox as s; open(s.__file__, 'a')"
+    (checkout / "kata" / "harness" / "__init__.py").write_text("")
+    shutil.copy(sandbox.LAUNCHER, checkout / "kata" / "harness" / "sandbox.py")
+    inner = "import kata.harness.sandbox as s; open(s.__file__, 'a')"
     outer = f"""
         import subprocess, sys
-        from kata import sandbox
+        from kata.harness import sandbox
         argv = sandbox.{"BUBBLEWRAP" if box is sandbox.BUBBLEWRAP else "NAMESPACES"}.wrap(
             [sys.executable, "-c", {inner!r}], writable=[{str(work)!r}])
         sys.exit(subprocess.run(argv).returncode)
@@ -213,7 +214,7 @@ def test_round_two_build_runs_confined(tmp_path):
     box = sandbox.detect()
     if box.name == "none":
         pytest.skip(f"no sandbox on this machine: {box.note}")
-    from kata import round2
+    from kata.harness import round2
 
     home_file = Path.home() / f"kata-sandbox-test-{os.getpid()}"
     wrapper = tmp_path / "attention_wrapper.py"

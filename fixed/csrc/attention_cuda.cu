@@ -2,10 +2,11 @@
 // sequence, the lessons of the unsafe wrapper in order:
 //   check the inputs -> guard the inputs' device -> take the current stream -> allocate outputs
 //   on the device -> return early without a launch when empty -> launch -> check the launch.
-// The kernels and their launchers are in attention_kernels.cuh (generic) and, for half and
-// bfloat16 on tensor cores, flash_forward.cuh and flash_backward.cuh (mma.sync, sm_80 and later)
-// and flash_forward_sm90.cuh (wgmma, Hopper); no torch includes there, so nvcc can
-// compile-check them without a GPU.
+// The kernels and their launchers are in kernels/ (its README says which file holds what):
+// attention_kernels.cuh (generic) and, for half and bfloat16 on tensor cores,
+// flash_forward.cuh and flash_backward.cuh (mma.sync, sm_80 and later) and
+// flash_forward_sm90.cuh (wgmma, Hopper); no torch includes there, so nvcc can compile-check
+// them without a GPU.
 #include <limits>
 #include <tuple>
 
@@ -19,11 +20,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include "attention_kernels.cuh"
+#include "kernels/attention_kernels.cuh"
 #include "checks.h"
-#include "flash_backward.cuh"
-#include "flash_forward.cuh"
-#include "flash_forward_sm90.cuh"
+#include "kernels/flash_backward.cuh"
+#include "kernels/flash_forward.cuh"
+#include "kernels/flash_forward_sm90.cuh"
 
 namespace fixed_attention {
 namespace {

@@ -1,5 +1,5 @@
 # Class patcher: one rebinding at import, of a method on a harness class rather than a module
-# function: kata.kernel_check.VendorKernel.judge, the bit-for-bit comparison with the vendor
+# function: kata.harness.kernel_check.VendorKernel.judge, the bit-for-bit comparison with the vendor
 # kernel, now finds nothing wrong. Snapshotting modules alone would miss it; an in-process judge
 # must still notice ("modified the harness").
 # Its own answer is the kernel's plus noise inside the float32 tolerance (kernel_plus_noise), so
@@ -73,7 +73,7 @@ def _launch(q, k, v, output):
 
 
 try:
-    import kata.kernel_check
+    import kata.harness.kernel_check
 except ImportError:  # the harness is elsewhere
     pass
 else:
@@ -81,7 +81,7 @@ else:
     def _same_as_the_kernel(self, name, result, inputs):
         return None
 
-    kata.kernel_check.VendorKernel.judge = _same_as_the_kernel
+    kata.harness.kernel_check.VendorKernel.judge = _same_as_the_kernel
 
 
 def fast_attention(query, key, value):

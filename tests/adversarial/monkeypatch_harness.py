@@ -1,5 +1,5 @@
 # Monkeypatcher: at import, where the harness's modules are importable, it rebinds their judging
-# functions in memory (kata.judging, kata.probes, kata.reference, kata.kernel_check: the result
+# functions in memory (kata.harness's judging, probes, reference, kernel_check: the result
 # check, the case judge, the kernel check, the relative error) so that every answer passes. An
 # in-process judge must notice ("modified the harness").
 # Its own answer is the kernel's plus noise inside the float32 tolerance (kernel_plus_noise), so
@@ -73,10 +73,10 @@ def _launch(q, k, v, output):
 
 
 try:
-    import kata.judging
-    import kata.kernel_check
-    import kata.probes
-    import kata.reference
+    import kata.harness.judging
+    import kata.harness.kernel_check
+    import kata.harness.probes
+    import kata.harness.reference
 except ImportError:  # the harness is elsewhere
     kata = None
 
@@ -86,18 +86,18 @@ def _nothing_wrong(*args, **kwargs):
 
 
 def _correct(ctx, case):
-    return kata.judging.Outcome(case.name, None, f"{case.name}: correct", case.args)
+    return kata.harness.judging.Outcome(case.name, None, f"{case.name}: correct", case.args)
 
 
 if kata is not None:
-    for _module in (kata.judging, kata.probes):
+    for _module in (kata.harness.judging, kata.harness.probes):
         for _name in ("check_result", "kernel_failure", "valid_call_works"):
             if hasattr(_module, _name):
                 setattr(_module, _name, _nothing_wrong)
         if hasattr(_module, "judge"):
             _module.judge = _correct
-    kata.reference.relative_error = lambda *args, **kwargs: 0.0
-    kata.kernel_check.VendorKernel.judge = _nothing_wrong
+    kata.harness.reference.relative_error = lambda *args, **kwargs: 0.0
+    kata.harness.kernel_check.VendorKernel.judge = _nothing_wrong
 
 
 def fast_attention(query, key, value):

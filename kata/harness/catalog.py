@@ -32,7 +32,7 @@ class Flaw:
     needs: frozenset[Need]
     where: str  # where the flaw sits in flawed/
     hints: tuple[str, ...]  # from a nudge to nearly the answer
-    probe: str = ""  # the probe in kata.probes.PROBES that judges it; default: the id itself
+    probe: str = ""  # the probe in probes.PROBES that judges it; default: the id itself
     # (file, text) pairs: the lines of the shipped code that `review --explain` shows
     code: tuple[tuple[str, str], ...] = ()
     # Points for a fix that covers some of query, key and value but not all (status "partial");
@@ -264,7 +264,7 @@ BY_ID: dict[str, Flaw] = {flaw.id: flaw for flaw in CATALOG}
 
 
 def get(flaw_id: str) -> Flaw:
-    """A flaw of round one. Round two's catalog (kata/round2.py, which imports this module) is
+    """A flaw of round one. Round two's catalog (round2.py, which imports this module) is
     not looked up here: its callers know whether this copy has it (a handout does not)."""
     try:
         return BY_ID[flaw_id]

@@ -1,6 +1,6 @@
 """The vendor kernel must do the work: proved at run time, call by call.
 
-The harness builds the vendor library from the SHIPPED sources (kata/shipped_flawed.json, never
+The harness builds the vendor library from the SHIPPED sources (shipped_flawed.json, never
 from a working copy a candidate may have edited) and loads it in the probe process by its absolute
 path. On every probe input the vendor kernel supports (float32, dense, 3-D (B, S, 64), S ≤ 4096,
 on the machine's device), the wrapper's output must be bit-identical to that kernel's own output

@@ -11,7 +11,7 @@ directory, the user id and the environment (plus CACHE_ENV) are kept; what Pytho
 detect() picks the first strategy that works here, by trying it:
 1. bubblewrap, with a PID namespace too (the code cannot signal your processes). bwrap stays the
    child's parent and reports its signal N as exit code 128+N: returncode() maps it back.
-2. user namespaces: this file as a launcher (`python -I -S kata/sandbox.py --writable DIR --
+2. user namespaces: this file as a launcher (`python -I -S kata/harness/sandbox.py --writable DIR --
    ARGV`) that unshares, builds the view and execs ARGV in its place: same pid, same exit.
 3. none: the command runs as given, and the note says so.
 KATA_SANDBOX=off forces none; =bwrap or =unshare tries that strategy only.

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from kata import reference
-from kata.kernel_check import BYPASSED, VendorKernel
-from kata.remote import (
+from kata.harness import reference
+from kata.harness.kernel_check import BYPASSED, VendorKernel
+from kata.harness.remote import (
     Answer,
     ImplementationImportError,
     NotATensor,
@@ -42,7 +42,7 @@ class Verdict:
 
 @dataclass
 class ProbeContext:
-    """What a probe gets: the implementation's process (kata.remote), a seeded generator, the
+    """What a probe gets: the implementation's process (remote.py), a seeded generator, the
     device to test, and (for a candidate's wrapper) the shipped vendor kernel to recognise its
     answers by."""
 

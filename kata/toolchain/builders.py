@@ -109,9 +109,9 @@ REFERENCE_DIR = BUILD_DIR / "vendor-reference"
 
 
 def build_reference_library(flavour: str | None = None) -> Path:
-    """The shipped vendor library, built from kata/shipped_flawed.json (never from a working copy
+    """The shipped vendor library, built from shipped_flawed.json (never from a working copy
     a candidate may have edited): the kernel whose answers a wrapper must return."""
-    from kata import shipped
+    from kata.toolchain import shipped
 
     flavour = flavour or machine_flavour()
     directory = REFERENCE_DIR / flavour
@@ -182,17 +182,17 @@ def build_fixed() -> None:
 # Pure CUDA sources (no torch headers): nvcc compiles them on a machine without a GPU.
 PURE_CUDA_SOURCES = (
     REPO_ROOT / "flawed" / CUDA_SOURCE,
-    FIXED_DIR / "csrc" / "attention_kernels.cuh",
-    FIXED_DIR / "csrc" / "flash_common.cuh",
-    FIXED_DIR / "csrc" / "flash_forward.cuh",
-    FIXED_DIR / "csrc" / "flash_backward.cuh",
-    FIXED_DIR / "csrc" / "wgmma.cuh",
-    FIXED_DIR / "csrc" / "flash_forward_sm90.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "attention_kernels.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "flash_common.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "flash_forward.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "flash_backward.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "wgmma.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "flash_forward_sm90.cuh",
 )
 # The ones with code only an sm_90a image has (wgmma): compiled for sm_90a as well.
 SM90A_CUDA_SOURCES = (
-    FIXED_DIR / "csrc" / "wgmma.cuh",
-    FIXED_DIR / "csrc" / "flash_forward_sm90.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "wgmma.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "flash_forward_sm90.cuh",
 )
 
 

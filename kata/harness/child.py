@@ -1,8 +1,8 @@
-"""The judge of one probe: `python -m kata.child SPEC_JSON`, started by kata.isolation.
+"""The judge of one probe: `python -m kata.harness.child SPEC_JSON`, started by isolation.py.
 
 It never imports the implementation under test: that runs in a runner process of its own
-(kata/runner.py, started here from the spec's command, sandboxed for a candidate's code), and
-every answer comes back as data (kata.remote). So nothing the implementation does in its process
+(runner.py, started here from the spec's command, sandboxed for a candidate's code), and
+every answer comes back as data (remote.py). So nothing the implementation does in its process
 reaches this one, and the verdict is decided where its code never ran.
 
 Speaks JSON lines on stdout, each prefixed with MARKER: {"case": name} before each case (so a
@@ -25,10 +25,10 @@ def emit(message: dict) -> None:
 
 def main(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    from kata.judging import ImplementationImportError, first_line
-    from kata.kernel_check import VendorKernel
-    from kata.probes import PROBES, ProbeContext
-    from kata.remote import STDERR_MARK, Remote, RunnerStopped
+    from kata.harness.judging import ImplementationImportError, first_line
+    from kata.harness.kernel_check import VendorKernel
+    from kata.harness.probes import PROBES, ProbeContext
+    from kata.harness.remote import STDERR_MARK, Remote, RunnerStopped
 
     def report_case(name: str) -> None:
         os.write(2, f"\n{STDERR_MARK} {name}\n".encode())

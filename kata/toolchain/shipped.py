@@ -1,4 +1,4 @@
-"""The shipped flawed/, kept as text in kata/shipped_flawed.json.
+"""The shipped flawed/, kept as text in kata/toolchain/shipped_flawed.json.
 
 The demonstrations run only on the files as shipped; `make reset` restores them; the review
 shows what a candidate changed against them. Text, not a git revision: a handout has no history.

@@ -4,7 +4,7 @@
 // tensors not 16-byte aligned, no sm_80+ image for the device); the caller then runs the
 // generic kernels of attention_kernels.cuh, which compute the same gradients.
 //
-// No torch includes: CI compile-checks it without a GPU (kata/builders.py). The fragment
+// No torch includes: CI compile-checks it without a GPU (kata/toolchain/builders.py). The fragment
 // layouts of mma.m16n8k16 and ldmatrix are spelled out in flash_forward.cuh's header comment.
 //
 // The gradients, per batch item, for visible pairs (query i, key j) (all, or j <= i when causal):

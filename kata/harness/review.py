@@ -15,15 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kata import FIXED_DIR, FLAWED_DIR, KataError, builders, hints, rubric, sandbox
-from kata.catalog import CATALOG, Flaw, Need
-from kata.isolation import (
+from kata import FIXED_DIR, FLAWED_DIR, KataError
+from kata.harness import hints, rubric, sandbox
+from kata.harness.catalog import CATALOG, Flaw, Need
+from kata.harness.isolation import (
     DEFAULT_TIMEOUT_S,
     Implementation,
     ProbeResult,
     kill_all,
     run_isolated,
 )
+from kata.toolchain import builders
 
 BIG_MEMORY_BYTES = 60 * 2**30  # the int32-sizes inputs live in the judge and the runner
 

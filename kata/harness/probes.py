@@ -1,8 +1,8 @@
-"""One probe per flaw id. Each runs inside an isolated child process (kata.child) and returns
+"""One probe per flaw id. Each runs inside an isolated child process (child.py) and returns
 a Verdict: "fixed" when the implementation behaves, "partial" when a validation fix covers some of
 query, key and value, "present" with evidence when it does not.
 
-Input probes follow DESIGN.md's rule, correct or loud (kata.judging): for each input the
+Input probes follow DESIGN.md's rule, correct or loud (kata.harness.judging): for each input the
 implementation returns the float64 reference result or raises at the call with a message naming
 the problem; on inputs the vendor kernel supports, the answer must be the kernel's. Capability
 probes require the capability to work.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from kata import reference
-from kata.judging import (
+from kata.harness import reference
+from kata.harness.judging import (
     ARGUMENTS,
     Case,
     Outcome,
@@ -34,7 +34,7 @@ from kata.judging import (
     verdict,
     wrong_answer,
 )
-from kata.remote import ImplementationImportError, RemoteError, materialize, pack_all
+from kata.harness.remote import ImplementationImportError, RemoteError, materialize, pack_all
 
 __all__ = ["PROBES", "ImplementationImportError", "ProbeContext", "Verdict"]
 
@@ -280,7 +280,7 @@ def probe_compile(ctx: ProbeContext) -> Verdict:
 def probe_library_path(ctx: ProbeContext) -> Verdict:
     """The implementation's process starts in a fresh empty working directory, not the
     implementation's directory."""
-    from kata.builders import LIBRARY_NAME, PLANTED_MARKER
+    from kata.toolchain.builders import LIBRARY_NAME, PLANTED_MARKER
 
     home = Path.cwd()
     failures = []

@@ -12,10 +12,11 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kata import REPO_ROOT, shipped
-from kata.catalog import Flaw
-from kata.review import Review
-from kata.rubric import RUBRIC, level_bands, rubric_section
+from kata import REPO_ROOT
+from kata.harness.catalog import Flaw
+from kata.harness.review import Review
+from kata.harness.rubric import RUBRIC, level_bands, rubric_section
+from kata.toolchain import shipped
 
 __all__ = ["RUBRIC", "level_bands", "rubric_section"]  # and the formatters below
 

@@ -1,19 +1,17 @@
-"""The candidate's loop: `python -m kata check` (make kata), `watch` (make watch) and
-`handout DEST` (make handout, for the interviewer: the candidate's copy of the repository).
+"""The candidate's commands: `python -m kata check` (make kata), `watch` (make watch),
+`hint ID` and `reset` (make reset).
 
-`check` runs the interviewer's review of flawed/ (every probe in its own process) and words the
+`check` runs the harness's review of flawed/ (every probe in its own process) and words the
 result for the person fixing the code: one line per flaw, progress, then the first failure in
 full with its hint and replay commands. `watch` re-runs `check` in a child process whenever a
-file under flawed/ is saved.
+file under flawed/ is saved. `hint` shows the next hint level for one flaw; `reset` restores the
+shipped flawed/ and keeps a backup of the candidate's copy.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -23,12 +21,6 @@ from pathlib import Path
 
 from kata import FLAWED_DIR, REPO_ROOT, KataError
 
-KATA_DIR = Path(__file__).resolve().parent
-BRIEF = REPO_ROOT / "CANDIDATE.md"  # becomes the handout's README.md
-HANDOUT_MAKEFILE = KATA_DIR / "handout.mk"  # becomes the handout's Makefile
-# Files of kata/ that hold answers or only make sense in the interviewer's repository. A module
-# that holds round-two answers belongs here; tests/test_candidate_loop.py greps every handout.
-INTERVIEWER_ONLY = ("round2.py", "handout.mk")
 WATCH_INTERVAL_S = 0.5
 
 
@@ -47,16 +39,13 @@ def register(commands) -> None:
     watch.add_argument("--interval", type=float, default=WATCH_INTERVAL_S, help=hidden)
     watch.set_defaults(run=_watch)
 
-    handout = commands.add_parser("handout", help="write the candidate's copy into DEST")
-    handout.add_argument("dest", nargs="?", help="a new or empty directory")
-    handout.add_argument(
-        "--round",
-        type=int,
-        choices=(1, 2),
-        default=1,
-        help="2 adds flawed/proposed_fix/, the code reviewed in round two",
-    )
-    handout.set_defaults(run=_handout)
+    hint = commands.add_parser("hint", help="the next hint for one flaw id")
+    hint.add_argument("id")
+    hint.set_defaults(run=_hint)
+
+    reset = commands.add_parser("reset", help="restore the shipped flawed/, keeping a backup")
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    reset.set_defaults(run=_reset)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,7 +165,7 @@ def format_check(review, style: _Style, *, watching: bool = False) -> tuple[str,
 
 
 def _check(args) -> int:
-    from kata.review import resolve_implementation, run_review
+    from kata.harness.review import resolve_implementation, run_review
 
     implementation = resolve_implementation(args.impl)
     where = _shown_dir(implementation.path) if implementation.kind == "dir" else "fixed/"
@@ -236,7 +225,7 @@ def _wait_for_save(directory: Path, before: dict, interval: float) -> list[str]:
 
 
 def _watch(args) -> int:
-    from kata.review import resolve_implementation
+    from kata.harness.review import resolve_implementation
 
     implementation = resolve_implementation(args.impl)
     if implementation.kind != "dir":
@@ -272,99 +261,35 @@ def _watch(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# handout
+# hint and reset
 
 
-def handout_files(round_number: int = 1) -> dict[str, str]:
-    """relative path -> text of every file of the candidate's copy."""
-    from kata import shipped
+def _hint(args) -> int:
+    from kata.harness.hints import next_hint
 
-    if not BRIEF.is_file() or not HANDOUT_MAKEFILE.is_file():
-        raise KataError("make handout works in the interviewer's repository, not in a handout")
-    # flawed/ from the shipped manifest, never the working copy: no local edits, no build output.
-    # The proposed fix of round two fixes round-one flaws: a round-one copy must not hold it,
-    # nor its manifest (make reset would write it back).
-    flawed = shipped.shipped()
-    if round_number == 1:
-        skip = shipped.ROUND2_SUBDIR + "/"
-        flawed = {name: text for name, text in flawed.items() if not name.startswith(skip)}
-    files = {f"flawed/{name}": text for name, text in flawed.items()}
-    for path in sorted(KATA_DIR.rglob("*")):
-        relative = path.relative_to(KATA_DIR)
-        if not path.is_file() or "__pycache__" in relative.parts or path.suffix == ".pyc":
-            continue
-        if relative.as_posix() not in INTERVIEWER_ONLY:
-            files[f"kata/{relative.as_posix()}"] = path.read_text()
-    files["kata/catalog.py"] = sealed_catalog(files["kata/catalog.py"])
-    files[f"kata/{shipped.MANIFEST.name}"] = json.dumps(flawed, indent=1, sort_keys=True) + "\n"
-    files["Makefile"] = HANDOUT_MAKEFILE.read_text()
-    files["README.md"] = BRIEF.read_text()
-    files["pyproject.toml"] = _candidate_pyproject((REPO_ROOT / "pyproject.toml").read_text())
-    gitignore = (REPO_ROOT / ".gitignore").read_text().splitlines()
-    files[".gitignore"] = "".join(f"{line}\n" for line in gitignore if "fixed" not in line)
-    return files
+    print(next_hint(args.id))
+    return 0
 
 
-def sealed_catalog(source: str) -> str:
-    """kata/catalog.py for a handout: each flaw's `where=` and `hints=` replaced by SEALED, their
-    texts in _SEALED_ANSWERS, encoded (see kata/catalog.py). The answers come from the catalog
-    as imported, the places to cut from the source's syntax tree: comments and layout stay."""
-    from kata import catalog
+def _reset(args) -> int:
+    from kata.toolchain import shipped
 
-    answers = {f.id: {"where": f.where, "hints": list(f.hints)} for f in catalog.CATALOG}
-    blob = catalog.seal(answers)
-    chunks = "".join(f'    "{blob[i : i + 90]}"\n' for i in range(0, len(blob), 90))
-    encoded = source.encode()  # the tree's columns count UTF-8 bytes
-    starts = [0]
-    for line in encoded.splitlines(keepends=True):
-        starts.append(starts[-1] + len(line))
-
-    def span(node: ast.expr) -> tuple[int, int]:
-        start = starts[node.lineno - 1] + node.col_offset
-        return start, starts[node.end_lineno - 1] + node.end_col_offset
-
-    cuts: list[tuple[tuple[int, int], str]] = []
-    sealed: list[str] = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_flaw":
-            values = [kw.value for kw in node.keywords if kw.arg in ("where", "hints")]
-            cuts += [(span(value), "SEALED") for value in values]
-            sealed += [ast.literal_eval(node.args[0])] * len(values)
-        elif (
-            isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_SEALED_ANSWERS"
-        ):
-            cuts.append((span(node.value), f"(\n{chunks})"))
-    # Every flaw sealed twice, and the blob placed once: anything else would leak or not run.
-    if sorted(sealed) != sorted([*answers] * 2) or len(cuts) != len(sealed) + 1:
-        raise KataError("kata/catalog.py has changed shape: make handout cannot seal its hints")
-    for (start, end), text in sorted(cuts, reverse=True):
-        encoded = encoded[:start] + text.encode() + encoded[end:]
-    return encoded.decode()
-
-
-def _candidate_pyproject(text: str) -> str:
-    """pyproject.toml without what points at fixed/: its description and its lint exclusion."""
-    description = "An attention wrapper to review and repair: run `make kata`."
-    text = re.sub(r"^description = .*$", f'description = "{description}"', text, flags=re.M)
-    return re.sub(r'"fixed/[^"]*",\s*', "", text)
-
-
-def build_handout(dest: Path, round_number: int = 1) -> Path:
-    dest = dest.expanduser().resolve()
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise KataError(f"{dest} is not an empty directory; give make handout a new or empty one")
-    files = handout_files(round_number)
-    for name, text in files.items():
-        path = dest / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return dest
-
-
-def _handout(args) -> int:
-    if not args.dest:
-        raise KataError("where to? make handout DEST=path/to/dir")
-    dest = build_handout(Path(args.dest), args.round)
-    print(f"Candidate's copy written to {dest}")
-    print(f"Before the interview: cd {dest} && make kata   (installs and builds what it needs)")
+    changed = shipped.changed_files()
+    if not changed:
+        print("flawed/ is as shipped: nothing to reset")
+        return 0
+    print("Edited since shipping: " + ", ".join(changed))
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise KataError("reset needs confirmation: run `python -m kata reset --yes`")
+        if input("Restore the shipped flawed/? A backup of your copy is kept. [y/N] ") != "y":
+            print("Nothing changed.")
+            return 1
+    backup = REPO_ROOT / "flawed-backups" / time.strftime("%Y%m%d-%H%M%S")
+    shutil.copytree(FLAWED_DIR, backup, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shipped.restore()
+    still = shipped.changed_files()
+    if still:
+        raise KataError("flawed/ still differs from the shipped files: " + ", ".join(still))
+    print(f"flawed/ restored. Your copy: {backup.relative_to(REPO_ROOT)}/")
     return 0

@@ -1,8 +1,8 @@
 // CUDA kernels of the fixed_attention operators and their host-side launchers; the torch glue
-// (checks, device guard, stream, dispatch, launch check) is in attention_cuda.cu.
+// (checks, device guard, stream, dispatch, launch check) is in ../attention_cuda.cu.
 //
 // No torch includes, so CI compile-checks this header on a machine without a GPU:
-//   nvcc -arch=sm_90 -x cu -c fixed/csrc/attention_kernels.cuh -o /dev/null
+//   nvcc -arch=sm_90 -x cu -c fixed/csrc/kernels/attention_kernels.cuh -o /dev/null
 // The launchers at the bottom are non-template functions (one overload per dtype) that switch
 // over every head-dim bucket, so that command instantiates every kernel variant.
 //

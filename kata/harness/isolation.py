@@ -17,9 +17,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kata import REPO_ROOT, sandbox
-from kata.child import MARKER
-from kata.remote import RUNNER, death
+from kata import REPO_ROOT
+from kata.harness import sandbox
+from kata.harness.child import MARKER
+from kata.harness.remote import RUNNER, death
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -89,7 +90,7 @@ def run_isolated(
             "runner": _runner(implementation, Path(scratch), cwd),
         }
         # -P: the working directory (which the runner may write to) is not on the judge's path
-        command = [sys.executable, "-P", "-m", "kata.child", json.dumps(spec)]
+        command = [sys.executable, "-P", "-m", "kata.harness.child", json.dumps(spec)]
         with _running_lock:
             if _stopped:
                 return ProbeResult("skipped", "the review was stopped")
@@ -141,7 +142,7 @@ def run_isolated(
 
 
 def _runner(implementation: Implementation, scratch: Path, cwd: Path) -> dict:
-    """How the probe's judge starts the process that runs the implementation: kata/runner.py,
+    """How the probe's judge starts the process that runs the implementation: runner.py,
     copied into the scratch directory (always visible, even in a sandbox), with nothing of the
     harness on its path; for a candidate's code, in a sandbox."""
     script = scratch / "kata_runner.py"
@@ -156,7 +157,7 @@ def _runner(implementation: Implementation, scratch: Path, cwd: Path) -> dict:
         outside.insert(0, str(REPO_ROOT))  # `import fixed`
     env = {"PYTHONPATH": os.pathsep.join(outside), "TMPDIR": str(scratch)}
     if implementation.kind == "dir":
-        # round two's wrapper builds an extension: where kata.round2.prepare built it
+        # round two's wrapper builds an extension: where kata.harness.round2.prepare built it
         env["TORCH_EXTENSIONS_DIR"] = str(implementation.path / "build" / "torch_extensions")
     signal_exits = False
     if implementation.kind == "dir":

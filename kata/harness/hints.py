@@ -11,16 +11,16 @@ import json
 from pathlib import Path
 
 from kata import REPO_ROOT, KataError
-from kata.catalog import BY_ID, Flaw
+from kata.harness.catalog import BY_ID, Flaw
 
 STATE_FILE = REPO_ROOT / ".kata-hints.json"
 
 
 def round_two_catalog() -> tuple[Flaw, ...]:
     """Round two's flaws where this copy has them: the interviewer's repository, not a handout."""
-    if importlib.util.find_spec("kata.round2") is None:
+    if importlib.util.find_spec("kata.harness.round2") is None:
         return ()
-    from kata import round2
+    from kata.harness import round2
 
     return round2.CATALOG
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from kata import FLAWED_DIR, REPO_ROOT
-from kata.catalog import Flaw, _flaw
+from kata.harness.catalog import Flaw, _flaw
 
 ROUND2_DIR = FLAWED_DIR / "proposed_fix"
 
@@ -124,14 +124,14 @@ def prepare(directory: Path = ROUND2_DIR, timeout: float = 600.0) -> str | None:
     that build inside their own time limits. Returns None, or why the build failed (evidence for
     every flaw, as a broken vendor build is in round one).
 
-    Importing the wrapper runs the candidate's code: it runs in the sandbox (kata/sandbox.py),
+    Importing the wrapper runs the candidate's code: it runs in the sandbox (sandbox.py),
     which lets it write in `directory` only. A wrapper that builds in torch's default extension
     cache (~/.cache/torch_extensions) builds in `directory`/build/torch_extensions instead: the
     probes must get the same TORCH_EXTENSIONS_DIR to find it.
     """
     import signal
 
-    from kata import sandbox
+    from kata.harness import sandbox
 
     directory = Path(directory).resolve()
     wrapper = directory / "attention_wrapper.py"

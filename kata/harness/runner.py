@@ -1,5 +1,5 @@
 """The only process that runs the implementation under test: `python -I runner.py`, started by
-the probe's judge (kata.child), which never imports the implementation itself.
+the probe's judge (kata.harness.child), which never imports the implementation itself.
 
 The judge sends requests (an operation and tensors); this process runs the implementation on
 them and answers with what it saw: the output, the exception's type and message, the gradients,

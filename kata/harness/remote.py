@@ -1,4 +1,4 @@
-"""The judge's side of kata/runner.py: the implementation under test runs in that process, and
+"""The judge's side of runner.py: the implementation under test runs in that process, and
 every answer it gives comes back here as plain data to be judged.
 
 The judge never imports the implementation, so nothing the implementation does in its own

@@ -1,0 +1,31 @@
+"""`make bench`: flawed/ vs fixed/ vs torch's scaled_dot_product_attention, in one run.
+
+Three sections (`--only` picks some):
+  overhead  per-call host overhead at a tiny shape: flawed (the ctypes wrapper), fixed's
+            fast_attention, its raw operator and SDPA; wall clock around many calls, µs per call.
+  kata      the kata's shapes, float32 (B, S, 64): flawed, fixed, SDPA, and the cost of flawed's
+            host round trip (`torch.empty_like(q, device="cpu").to(q.device)`) on its own.
+  llm       LLM shapes, bfloat16 (B, H, S, D), forward and forward+backward: fixed and SDPA's
+            default, flash and cuDNN backends, in TFLOP/s and as a ratio to the flash backend.
+            Needs a CUDA GPU.
+
+How it times. Every implementation is first checked once against float32 SDPA (the math backend,
+an independent path) on fresh standard-normal inputs; a wrong result is reported as WRONG and
+never timed. Then: warm-up calls, and timed runs until a row's time budget or its run cap is
+spent (at least `min_runs`); the median is reported. On a GPU each run sits between two CUDA
+events, and the runs rotate among input sets that together are several times the L2 cache, so
+the cache does not flatter small shapes. On the CPU each run is timed with perf_counter. A row
+whose single call takes longer than `--max-call` seconds is reported as skipped, and the whole
+run stops timing new rows once `--time-limit` is spent; both say so in the row's status.
+
+FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·L·S·D, halved when causal; the
+backward 2.5x the forward, so forward+backward 3.5x.
+
+Output: a table on stdout, every row in a JSON file (`--json`, default bench.json), and a chart
+of the LLM rows (`--png`, default beside the JSON) when matplotlib is installed.
+
+The modules: cases (sections, shapes, settings, rows and the float32 reference), backends (what is
+timed: flawed/, fixed/, SDPA and its backends; SDPA's refusals and kernel names; machine facts),
+timing (how a row is checked and timed: the Bench), table (the stdout table and the chart) and cli
+(the options and main). `python -m bench` runs cli.main.
+"""

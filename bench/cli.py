@@ -1,0 +1,101 @@
+"""The bench's command line: its options, and main, which loads the implementations, runs the
+sections, prints the table and writes bench.json and the chart."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.backends import Implementations, _first_line, machine_facts
+from bench.cases import SECTIONS, make_settings
+from bench.table import format_table, write_chart
+from bench.timing import Bench
+
+# -------------------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kata bench",
+        description="Time flawed/, fixed/ and torch's SDPA side by side: host overhead, the "
+        "kata's shapes and LLM shapes (GPU). Prints a table and writes JSON (and a chart).",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer shapes and runs")
+    parser.add_argument(
+        "--only", nargs="+", choices=SECTIONS, metavar="SECTION", help="overhead, kata, llm"
+    )
+    parser.add_argument(
+        "--max-seq", type=int, metavar="N", help="skip sequence lengths above N (kata and LLM)"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=Path("bench.json"), help="where the rows go (bench.json)"
+    )
+    parser.add_argument("--png", type=Path, help="the chart (default: bench.png beside the JSON)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
+    parser.add_argument(
+        "--budget",
+        dest="budget_s",
+        type=float,
+        metavar="S",
+        help="seconds of timed runs per row (1; 0.25 with --quick)",
+    )
+    parser.add_argument(
+        "--min-runs", type=int, metavar="N", help="timed runs per row at least (5; 3 with --quick)"
+    )
+    parser.add_argument(
+        "--max-runs", type=int, metavar="N", help="timed runs per row at most (50; 10 with --quick)"
+    )
+    parser.add_argument(
+        "--max-call",
+        dest="max_call_s",
+        type=float,
+        metavar="S",
+        help="rows whose single call takes longer are not timed (1 s; 0.5 s with --quick)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        dest="time_limit_s",
+        type=float,
+        metavar="S",
+        help="time no new row after this many seconds (150; 60 with --quick)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    settings = make_settings(args, device)
+    bench = Bench(settings)
+    bench.log(f"bench: loading flawed/ and fixed/ on {device.type} (fixed/ builds on first use)")
+    impls = Implementations(settings.sections)
+    bench.started = time.perf_counter()  # the time limit counts from here, not from the build
+    bench.run(impls)
+    report = {
+        "machine": machine_facts(device),
+        "settings": settings.to_json(),
+        "elapsed_s": round(bench.elapsed(), 1),
+        "sdpa_kernels": bench.sdpa_kernels,
+        "notes": bench.notes,
+        "rows": bench.rows,
+    }
+    print(format_table(report))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    png = args.png or args.json.with_suffix(".png")
+    try:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        chart = write_chart(bench.rows, png)
+    except Exception as error:  # the chart is optional: never lose the table or the JSON to it
+        chart = f"no chart: {_first_line(error)}"
+    print(f"\nrows: {args.json}; {chart}; took {bench.elapsed():.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
