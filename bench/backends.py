@@ -96,7 +96,7 @@ class Implementations:
         fixed, fixed_missing = load_fixed()
 
         def fixed_call(query, key, value, causal=False):
-            return fixed.fast_attention(query, key, value, causal=causal)
+            return fixed.fast_attention(query, key, value, is_causal=causal)
 
         def raw_op(query, key, value, causal=False):
             scale = 1.0 / math.sqrt(query.shape[-1])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-SECTIONS = ("overhead", "kata", "llm")
+SECTIONS = ("overhead", "kata", "llm", "args")
 FWD, FWD_BWD = "fwd", "fwd+bwd"
 
 L2_FALLBACK_BYTES = 50 * 2**20  # when the device does not report its L2 cache
@@ -65,6 +65,8 @@ class Settings:
     llm_seqs: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384)
     llm_dims: tuple[int, ...] = (64, 128)
     llm_causal: tuple[bool, ...] = (False, True)
+    args_batch: int = 4  # the args section: SDPA's other arguments at (B, llm_heads, S, D)
+    args_seq: int = 2048
 
     @property
     def cuda(self) -> bool:
@@ -96,6 +98,7 @@ class Settings:
                 "dims": list(self.llm_dims),
                 "causal": list(self.llm_causal),
             },
+            "args": {"batch": self.args_batch, "heads": self.llm_heads, "seq": self.args_seq},
             "tolerance": {_dtype_name(k): v for k, v in TOLERANCE.items()},
         }
 
@@ -121,6 +124,7 @@ def make_settings(args, device: torch.device) -> Settings:
     if args.quick:
         settings.overhead_batches, settings.overhead_calls = 3, 50
         settings.llm_seqs = (1024, 4096)
+        settings.args_seq = 1024
     if cuda:
         settings.kata_seqs = (1024, 4096) if args.quick else settings.kata_seqs
     else:
@@ -243,6 +247,6 @@ def _groups(rows: Iterable[dict]) -> list[list[dict]]:
     """Rows of one shape, causality and pass, in order."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        key = (row["section"], tuple(row["shape"]), row["causal"], row["pass"])
+        key = (row["section"], row.get("case"), tuple(row["shape"]), row["causal"], row["pass"])
         groups.setdefault(key, []).append(row)
     return list(groups.values())

@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quick", action="store_true", help="fewer shapes and runs")
     parser.add_argument(
-        "--only", nargs="+", choices=SECTIONS, metavar="SECTION", help="overhead, kata, llm"
+        "--only", nargs="+", choices=SECTIONS, metavar="SECTION", help="overhead, kata, llm, args"
     )
     parser.add_argument(
         "--max-seq", type=int, metavar="N", help="skip sequence lengths above N (kata and LLM)"

@@ -40,8 +40,13 @@ class Footnotes:
         return [_short(f"  [{n}] {status}", 118) for status, n in self.reasons.items()]
 
 
-_SECTION_TITLES = {"overhead": "host overhead", "kata": "kata shapes", "llm": "LLM shapes"}
-_SECTION_HEADINGS = {"overhead": "Host overhead", "kata": "Kata shapes", "llm": "LLM shapes"}
+_SECTION_TITLES = {
+    "overhead": "host overhead",
+    "kata": "kata shapes",
+    "llm": "LLM shapes",
+    "args": "SDPA's arguments",
+}
+_SECTION_HEADINGS = {key: title[0].upper() + title[1:] for key, title in _SECTION_TITLES.items()}
 
 
 def _shown(rows: list[dict]) -> list[list[dict]]:
@@ -66,6 +71,7 @@ def format_table(report: dict) -> str:
         ("overhead", _overhead_table),
         ("kata", _kata_table),
         ("llm", _llm_tables),
+        ("args", _args_table),
     ):
         section_rows = [r for r in rows if r["section"] == section]
         if not section_rows:
@@ -142,6 +148,36 @@ def _kata_table(rows, report) -> list[str]:
         speedup = f"{flawed / fixed:.2f}×" if flawed and fixed else "-"
         lines.append(f"  {group[0]['shape'][1]:>6}  " + "".join(cells) + speedup)
     return lines + notes.lines() + _sdpa_ran(report, "kata float32")
+
+
+def _args_table(rows, report) -> list[str]:
+    """One row per case: fixed's and SDPA's ms per call and TFLOP/s, forward and fwd+bwd."""
+    notes = Footnotes()
+    batch, heads, seq = rows[0]["shape"][:3]
+    lines = [
+        f"SDPA's arguments: bfloat16 (B={batch}, H={heads}, S={seq}, D), fixed vs SDPA default: "
+        "ms per call (TFLOP/s), and SDPA's time over fixed's",
+        f"  {'case':<13}{'D':>4}  {'pass':<8}{'fixed':<22}{'SDPA default':<22}SDPA/fixed",
+    ]
+    for group in _shown(rows):
+        by_impl = {r["implementation"]: r for r in group}
+        cells = []
+        for key in ("fixed", "sdpa"):
+            row = by_impl[key]
+            if row["median_ms"]:
+                tflops = f" ({_fmt_tflops(row['tflops'])})" if row["tflops"] else ""
+                cells.append(f"{_fmt_ms(row['median_ms']) + ' ms' + tflops:<22}")
+            else:
+                cells.append(f"{notes.mark(row['status']):<22}")
+            if row["median_ms"] and row["status"] != "ok":
+                notes.mark(row["status"])
+        fixed_ms, sdpa_ms = by_impl["fixed"]["median_ms"], by_impl["sdpa"]["median_ms"]
+        ratio = f"{sdpa_ms / fixed_ms:.2f}×" if fixed_ms and sdpa_ms else "-"
+        head = group[0]
+        lines.append(
+            f"  {head['case']:<13}{head['shape'][3]:>4}  {head['pass']:<8}" + "".join(cells) + ratio
+        )
+    return lines + notes.lines()
 
 
 def _llm_tables(rows, report) -> list[str]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from bench.arguments import run_arguments
 from bench.backends import Implementations, _first_line, _refusal, backend_of, sdpa
 from bench.cases import (
     FWD,
@@ -210,7 +211,9 @@ class Bench:
 
     def run(self, impls: Implementations) -> None:
         for section in self.s.sections:
-            {"overhead": self.overhead, "kata": self.kata, "llm": self.llm}[section](impls)
+            sections = {"overhead": self.overhead, "kata": self.kata, "llm": self.llm}
+            sections["args"] = lambda impls: run_arguments(self, impls)
+            sections[section](impls)
             if self.s.cuda:
                 torch.cuda.empty_cache()
 

@@ -1,8 +1,10 @@
 """The corrected attention wrapper: a real PyTorch operator (torch.library, C++ kernels).
 
-`fast_attention(query, key, value, *, scale=None, causal=False)` has the semantics of
-torch.nn.functional.scaled_dot_product_attention, supports autograd, torch.compile and meta
-tensors, and rejects bad input with a TypeError or ValueError that names the problem. The
+`fast_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+enable_gqa=False)` is torch.nn.functional.scaled_dot_product_attention argument for argument
+(masks, dropout, grouped-query heads, any head dims); it supports autograd (first order: a
+second-order gradient raises), torch.compile and meta tensors, and rejects bad input with a
+TypeError or ValueError that names the argument. The
 operators themselves are torch.ops.fixed_attention.attention_forward / attention_backward.
 """
 

@@ -12,30 +12,103 @@ from fixed import _build
 _build.load_library()
 
 _SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_CUDA_MAX_HEAD_DIM = 256  # the generic CUDA kernels' largest head-dim bucket
 
 
-def fast_attention(query, key, value, *, scale=None, causal=False):
-    """softmax(query·keyᵀ·scale)·value, as scaled_dot_product_attention computes it.
+def fast_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+):
+    """torch.nn.functional.scaled_dot_product_attention, argument for argument, on the CPU and
+    CUDA, forward and backward: softmax(query·keyᵀ·scale + mask)·value, with dropout.
 
-    query (..., L, E), key (..., S, E), value (..., S, E), the same leading dims (no
-    broadcasting); E a multiple of 8 from 16 to 256. `scale` defaults to 1/sqrt(E); `causal`
-    masks as SDPA's is_causal (query row i sees keys 0..i). Returns (..., L, E).
+    query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev) -> (..., Hq, L, Ev).
+    Leading dims broadcast as SDPA broadcasts them. Any head dims E and Ev (at most 256 on CUDA).
+    `attn_mask`: bool (True takes part) or floating (added to the scores), broadcastable to
+    (..., Hq, L, S); no gradient flows to it (a mask that requires grad is refused).
+    `dropout_p`: the keep mask comes from torch's generator (reproducible under
+    torch.manual_seed), the backward regenerates it. `is_causal`: query row i sees keys 0..i.
+    `scale`: defaults to 1/sqrt(E). `enable_gqa`: Hq a multiple of Hkv, K and V never repeated.
+    Second-order gradients raise instead of being silently zero.
     """
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, torch.Tensor):
             # The dispatcher would say only "expected Tensor", without the argument's name.
             raise TypeError(f"{name} must be a torch.Tensor; got {type(tensor).__name__}")
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None; got {type(attn_mask).__name__}")
+    _check_flag("is_causal", is_causal)
+    _check_flag("enable_gqa", enable_gqa)
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, int | float):
+        raise TypeError(f"dropout_p must be a float; got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must be from 0 to 1; got {dropout_p}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
+        # A tensor scale would be read back to the host (a sync) or traced as a constant.
+        raise TypeError(f"scale must be a float or None; got {type(scale).__name__}")
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(
+            "fast_attention computes no gradient for attn_mask: detach it, or use "
+            "torch.nn.functional.scaled_dot_product_attention for a learned mask"
+        )
+    if query.dim() >= 2 and key.dim() >= 2 and value.dim() >= 2:
+        query, key, value = _broadcast_leading_dims(query, key, value, enable_gqa)
     if scale is None:
         # A bad rank or head dim is left to the C++ checks, which say what is wrong.
         head_dim = query.shape[-1] if query.dim() >= 1 else 0
         scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
-    output, _ = torch.ops.fixed_attention.attention_forward(query, key, value, scale, causal)
+    seed = None
+    if dropout_p > 0:
+        # From torch's default generator: torch.manual_seed replays the same keep mask.
+        seed = torch.randint(0, 2**62, (), dtype=torch.int64)
+    # SDPA's other arguments only when given: parsing explicit defaults costs a plain call
+    # about 7 µs of host time (measured on the CPU), a third of the operator's overhead.
+    extras = ()
+    if attn_mask is not None or enable_gqa or dropout_p > 0:
+        extras = (attn_mask, enable_gqa, float(dropout_p), seed)
+    output, _ = torch.ops.fixed_attention.attention_forward(
+        query, key, value, float(scale), is_causal, *extras
+    )
     return output
+
+
+def _check_flag(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {type(value).__name__}")
+
+
+def _broadcast_leading_dims(query, key, value, enable_gqa):
+    """query, key and value expanded to one shape of leading dims, as SDPA broadcasts them (the
+    operator takes no broadcasting; autograd of expand sums the gradients back). Under
+    enable_gqa the heads (dim -3) stay each tensor's own."""
+    kept = 3 if enable_gqa and min(query.dim(), key.dim(), value.dim()) >= 3 else 2
+    shapes = [tensor.shape[:-kept] for tensor in (query, key, value)]
+    if shapes[0] == shapes[1] == shapes[2]:  # the common case, without broadcast_shapes' cost
+        return query, key, value
+    try:
+        leading = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        raise ValueError(
+            "query, key and value must have broadcastable leading dims; got query "
+            f"{list(query.shape)}, key {list(key.shape)}, value {list(value.shape)}"
+        ) from None
+    return tuple(
+        tensor
+        if tensor.shape[:-kept] == leading
+        else tensor.expand(*leading, *tensor.shape[-kept:])
+        for tensor in (query, key, value)
+    )
 
 
 # Fake and meta tensors never reach the C++ checks (checks.cpp), so the same rules are restated
 # here, briefly, with the same error types; torch._check_* also accept symbolic sizes.
-def _check_inputs(query, key, value):
+def _check_inputs(query, key, value, attn_mask, causal, enable_gqa):
     torch._check_type(
         query.dtype in _SUPPORTED_DTYPES,
         lambda: f"query must be float32, float64, float16 or bfloat16; got {_name(query.dtype)}",
@@ -50,32 +123,88 @@ def _check_inputs(query, key, value):
     torch._check_value(
         query.dim() >= 2, lambda: f"query must have shape (..., L, E); got {list(query.shape)}"
     )
-    head_dim = query.shape[-1]
     torch._check_value(
-        head_dim % 8 == 0 and 16 <= head_dim <= 256,
-        lambda: f"query's head dim E must be a multiple of 8 from 16 to 256; got {head_dim}",
+        not enable_gqa or query.dim() >= 3,
+        lambda: f"enable_gqa needs query of shape (..., Hq, L, E); got {list(query.shape)}",
     )
-    _check_like_query("key", key, query, key.shape[-2] if key.dim() >= 2 else None)
-    _check_like_query("value", value, query, key.shape[-2])
-
-
-def _check_like_query(name, tensor, query, len_kv):
-    """tensor (..., S, E): query's dtype, leading dims and head dim, key's length S."""
-    torch._check_type(
-        tensor.dtype == query.dtype,
+    for name, tensor in (("key", key), ("value", value)):
+        torch._check_type(
+            tensor.dtype == query.dtype,
+            lambda name=name, tensor=tensor: (
+                f"{name} must have query's dtype; got query {_name(query.dtype)}, "
+                f"{name} {_name(tensor.dtype)}"
+            ),
+        )
+        torch._check_value(
+            tensor.dim() == query.dim() and _same_leading(tensor, query, enable_gqa),
+            lambda name=name, tensor=tensor: (
+                f"{name} must have query's leading dims; got {name} {list(tensor.shape)}, "
+                f"query {list(query.shape)}"
+            ),
+        )
+    torch._check_value(
+        query.shape[-1] >= 1 and value.shape[-1] >= 1,
         lambda: (
-            f"{name} must have query's dtype; got query {_name(query.dtype)}, "
-            f"{name} {_name(tensor.dtype)}"
+            f"the head dims E and Ev must be at least 1; got query {list(query.shape)}, "
+            f"value {list(value.shape)}"
         ),
     )
-    expected = [*query.shape[:-2], len_kv, query.shape[-1]]
     torch._check_value(
-        tensor.dim() == query.dim()
-        and all(got == want for got, want in zip(tensor.shape, expected, strict=True)),
+        key.dim() < 3 or key.shape[-3] == value.shape[-3],
         lambda: (
-            f"{name} must have shape {expected} (query's leading dims and head dim, "
-            f"key's length); got {list(tensor.shape)}"
+            "key and value must have the same number of heads (dim -3); got key "
+            f"{list(key.shape)}, value {list(value.shape)}"
         ),
+    )
+    torch._check_value(
+        key.shape[-1] == query.shape[-1] and value.shape[-2] == key.shape[-2],
+        lambda: (
+            f"key must be (..., S, E) with query's E and value (..., S, Ev) with key's S; got "
+            f"query {list(query.shape)}, key {list(key.shape)}, value {list(value.shape)}"
+        ),
+    )
+    if enable_gqa:
+        torch._check_value(
+            query.shape[-3] % key.shape[-3] == 0,
+            lambda: "enable_gqa: query's heads (dim -3) must be a multiple of key's",
+        )
+    if query.device.type == "cuda":
+        torch._check_value(
+            query.shape[-1] <= _CUDA_MAX_HEAD_DIM and value.shape[-1] <= _CUDA_MAX_HEAD_DIM,
+            lambda: "on CUDA the head dims E and Ev must be at most 256",
+        )
+    if attn_mask is not None:
+        torch._check_value(not causal, lambda: "attn_mask and is_causal=True cannot be combined")
+        torch._check_type(
+            attn_mask.dtype == torch.bool or attn_mask.dtype.is_floating_point,
+            lambda: f"attn_mask must be bool or floating; got {_name(attn_mask.dtype)}",
+        )
+        torch._check_value(
+            attn_mask.device == query.device,
+            lambda: f"attn_mask must be on query's device {query.device}",
+        )
+        scores = (*query.shape[:-1], key.shape[-2])
+        torch._check_value(
+            _broadcasts_to(attn_mask.shape, scores),
+            lambda: (
+                f"attn_mask must broadcast to (..., L, S) = {list(scores)}; got "
+                f"{list(attn_mask.shape)}"
+            ),
+        )
+
+
+def _broadcasts_to(shape, target):
+    """`shape` expands to `target` as torch broadcasts: right-aligned, each dim 1 or equal."""
+    if len(shape) > len(target):
+        return False
+    pairs = zip(reversed(shape), reversed(target), strict=False)
+    return all(got == 1 or got == want for got, want in pairs)
+
+
+def _same_leading(tensor, query, enable_gqa):
+    return all(
+        got == want or (enable_gqa and d == query.dim() - 3)
+        for d, (got, want) in enumerate(zip(tensor.shape[:-2], query.shape[:-2], strict=True))
     )
 
 
@@ -84,24 +213,50 @@ def _name(dtype):
 
 
 @torch.library.register_fake("fixed_attention::attention_forward")
-def _attention_forward_fake(query, key, value, scale, causal):
-    _check_inputs(query, key, value)
+def _attention_forward_fake(
+    query,
+    key,
+    value,
+    scale,
+    causal,
+    attn_mask=None,
+    enable_gqa=False,
+    dropout_p=0.0,
+    dropout_seed=None,
+):
+    _check_inputs(query, key, value, attn_mask, causal, enable_gqa)
     lse_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
     # new_empty(shape): contiguous, as the kernels return, whatever the inputs' strides.
-    return query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=lse_dtype)
+    output = query.new_empty((*query.shape[:-1], value.shape[-1]))
+    return output, query.new_empty(query.shape[:-1], dtype=lse_dtype)
 
 
 @torch.library.register_fake("fixed_attention::attention_backward")
-def _attention_backward_fake(grad_output, query, key, value, output, logsumexp, scale, causal):
-    _check_inputs(query, key, value)
+def _attention_backward_fake(
+    grad_output,
+    query,
+    key,
+    value,
+    output,
+    logsumexp,
+    scale,
+    causal,
+    attn_mask=None,
+    enable_gqa=False,
+    dropout_p=0.0,
+    dropout_seed=None,
+):
+    _check_inputs(query, key, value, attn_mask, causal, enable_gqa)
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, scale, causal = inputs
+    query, key, value, scale, causal, attn_mask, enable_gqa, dropout_p, dropout_seed = inputs
     out, logsumexp = output
     ctx.save_for_backward(query, key, value, out, logsumexp)
-    ctx.scale, ctx.causal = scale, causal
+    # The mask and the seed are inputs the backward needs as they were: neither is differentiated.
+    ctx.attn_mask, ctx.dropout_seed = attn_mask, dropout_seed
+    ctx.scale, ctx.causal, ctx.enable_gqa, ctx.dropout_p = scale, causal, enable_gqa, dropout_p
     # logsumexp is an auxiliary output for the backward: no gradient flows through it.
     ctx.mark_non_differentiable(logsumexp)
 
@@ -109,11 +264,42 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_output, _grad_logsumexp):
     query, key, value, out, logsumexp = ctx.saved_tensors
     grad_query, grad_key, grad_value = torch.ops.fixed_attention.attention_backward(
-        grad_output, query, key, value, out, logsumexp, ctx.scale, ctx.causal
+        grad_output,
+        query,
+        key,
+        value,
+        out,
+        logsumexp,
+        ctx.scale,
+        ctx.causal,
+        ctx.attn_mask,
+        ctx.enable_gqa,
+        ctx.dropout_p,
+        ctx.dropout_seed,
     )
-    return grad_query, grad_key, grad_value, None, None
+    return grad_query, grad_key, grad_value, None, None, None, None, None, None
 
 
 torch.library.register_autograd(
     "fixed_attention::attention_forward", _backward, setup_context=_setup_context
+)
+
+
+# The backward's own backward (second-order gradients) is not implemented. Without this, autograd
+# would treat attention_backward as a constant and return silently zero second derivatives; this
+# makes the second differentiation raise instead (correct or loud).
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "fast_attention: double backward (second-order gradients, e.g. a Hessian-vector "
+        "product or gradient penalty) is not supported; use "
+        "torch.nn.functional.scaled_dot_product_attention's math backend for that"
+    )
+
+
+def _nothing_to_save(ctx, inputs, output):
+    pass
+
+
+torch.library.register_autograd(
+    "fixed_attention::attention_backward", _no_double_backward, setup_context=_nothing_to_save
 )

@@ -95,7 +95,7 @@ def test_forward_matches_reference(rng, dtype):
 def test_custom_scale(rng, scale):
     for causal in (False, True):
         q, k, v = rng.inputs(2, 9, 32, kv_len=12)
-        out = fixed.fast_attention(q, k, v, scale=scale, causal=causal)
+        out = fixed.fast_attention(q, k, v, scale=scale, is_causal=causal)
         error = relative_error(out, attention(q, k, v, scale=scale, causal=causal))
         assert error <= TOLERANCE[torch.float32], f"{rng} scale={scale}: error {error:.2e}"
 
@@ -118,7 +118,7 @@ def test_non_contiguous_inputs(rng, dtype):
     for name, q, k, v in non_contiguous_cases(rng, dtype):
         assert not all(t.is_contiguous() for t in (q, k, v)), f"{name} must be a view"
         for causal in (False, True):
-            out = fixed.fast_attention(q, k, v, causal=causal)
+            out = fixed.fast_attention(q, k, v, is_causal=causal)
             error = relative_error(out, attention(q, k, v, causal=causal))
             with check:
                 assert error <= TOLERANCE[dtype], f"{rng} {name} causal={causal}: {error:.2e}"
@@ -138,7 +138,7 @@ def test_gradients_match_reference(rng, dtype, causal):
             t.requires_grad_()
             for t in rng.inputs(*leading, len_q, head_dim, dtype=dtype, kv_len=len_kv)
         )
-        out = fixed.fast_attention(q, k, v, causal=causal)
+        out = fixed.fast_attention(q, k, v, is_causal=causal)
         grad_out = rng.randn(*out.shape, dtype=dtype)
         out.backward(grad_out)
         expected = attention_with_grads(q, k, v, grad_out, causal=causal)
@@ -157,7 +157,7 @@ def test_gradients_of_non_contiguous_inputs(rng, dtype):
     tolerance = TOLERANCE[dtype] * (1 if dtype == torch.float32 else 2)
     for name, q, k, v in non_contiguous_cases(rng, dtype):
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        out = fixed.fast_attention(q, k, v, causal=True)
+        out = fixed.fast_attention(q, k, v, is_causal=True)
         grad_out = rng.randn(*out.shape, dtype=dtype).expand_as(out)  # non-contiguous too
         out.backward(grad_out.transpose(-2, -1).contiguous().transpose(-2, -1))
         expected = attention_with_grads(q, k, v, grad_out, causal=True)[1:]
@@ -176,7 +176,7 @@ def test_gradcheck(rng, causal):
             t.requires_grad_() for t in rng.inputs(2, len_q, 16, dtype=torch.float64, kv_len=len_kv)
         )
         assert torch.autograd.gradcheck(
-            lambda q, k, v: fixed.fast_attention(q, k, v, scale=0.7, causal=causal), (q, k, v)
+            lambda q, k, v: fixed.fast_attention(q, k, v, scale=0.7, is_causal=causal), (q, k, v)
         ), f"{rng} L={len_q} S={len_kv}"
 
 
@@ -226,7 +226,7 @@ def test_compile_fullgraph_with_gradients(rng):
     torch._dynamo.reset()
 
     def loss_fn(q, k, v, grad_out):
-        return (fixed.fast_attention(q, k, v, causal=True) * grad_out).sum()
+        return (fixed.fast_attention(q, k, v, is_causal=True) * grad_out).sum()
 
     compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
     for leading, len_q, len_kv, head_dim in GRAD_SHAPES[:2]:
@@ -248,14 +248,14 @@ def test_compiled_bad_input_is_loud(rng):
     torch._dynamo.reset()
     compiled = torch.compile(fixed.fast_attention, fullgraph=True, backend="aot_eager")
     q, k, v = rng.inputs(2, 5, 32)
-    with pytest.raises(Exception, match="head dim"):
+    with pytest.raises(Exception, match=r"key.*\[2, 5, 16\]"):
         compiled(q, k[..., :16], v[..., :16])
 
 
 def test_meta_tensors():
     q = torch.empty(2, 3, 5, 64, device="meta", dtype=torch.bfloat16)
     kv = torch.empty(2, 3, 9, 64, device="meta", dtype=torch.bfloat16)
-    out = fixed.fast_attention(q, kv, kv, causal=True)
+    out = fixed.fast_attention(q, kv, kv, is_causal=True)
     assert (out.device.type, out.shape, out.dtype) == ("meta", q.shape, q.dtype)
     out, lse = forward_op(q, kv, kv, 0.125, False)
     assert (lse.device.type, lse.shape, lse.dtype) == ("meta", (2, 3, 5), torch.float32)
@@ -270,7 +270,7 @@ def test_parallel_result_does_not_depend_on_thread_count(rng):
     try:
         for n in (1, max(2, threads)):
             torch.set_num_threads(n)
-            out = fixed.fast_attention(q, k, v, causal=True)
+            out = fixed.fast_attention(q, k, v, is_causal=True)
             grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
             results.append((out, *grads))
     finally:
@@ -280,47 +280,47 @@ def test_parallel_result_does_not_depend_on_thread_count(rng):
 
 
 # Bad inputs: (id, make(q, k, v) -> args for fast_attention, exception type, message pattern).
+# Since issue 15 leading dims broadcast as SDPA's, any head dim works on the CPU and Ev may differ
+# from E: those cases moved to test_head_dims_sdpa_accepts and test_broadcast_leading_dims.
 BAD_INPUTS = (
     ("int32", lambda q, k, v: (q.int(), k.int(), v.int()), TypeError, r"query must be .*got int32"),
     ("mixed dtypes", lambda q, k, v: (q, k.half(), v), TypeError, r"key .*float32.*float16"),
     ("1-D query", lambda q, k, v: (q[0, 0], k, v), ValueError, r"query must have shape .*\[16\]"),
-    ("ranks differ", lambda q, k, v: (q, k[0], v), ValueError, r"key .*leading dims .*\[5, 16\]"),
     (
-        "leading dims differ",
-        lambda q, k, v: (q, k[:1], v[:1]),
+        "leading dims do not broadcast",
+        lambda q, k, v: (q, torch.cat([k, k[:1]]), v),
         ValueError,
-        r"key .*leading dims.*got.*\[1, 5, 16\]",
+        r"key.*\[3, 5, 16\]",
+    ),
+    (
+        "ranks differ, trailing leading dims do not broadcast",
+        lambda q, k, v: (q, k.unsqueeze(1).expand(2, 3, 5, 16), v),
+        ValueError,
+        r"key.*\[2, 3, 5, 16\]",
     ),
     (
         "kv lengths differ",
         lambda q, k, v: (q, k, v[:, :3]),
         ValueError,
-        r"value must have shape .*5, 16.*got \[2, 3, 16\]",
+        r"value .*5.*\[2, 3, 16\]",
     ),
     (
         "kv head dim",
         lambda q, k, v: (q, k[..., :8], v),
         ValueError,
-        r"key must have shape .*16.*head dim.*got \[2, 5, 8\]",
-    ),
-    ("v head dim", lambda q, k, v: (q, k, v.repeat(1, 1, 2)), ValueError, r"value .*\[2, 5, 32\]"),
-    (
-        "head dim 8",
-        lambda q, k, v: (q[..., :8], k[..., :8], v[..., :8]),
-        ValueError,
-        r"head dim.*got 8",
+        r"key must .*(head dim|query's E).*\[2, 5, 8\]",
     ),
     (
-        "head dim 12",
-        lambda q, k, v: (q[..., :12], k[..., :12], v[..., :12]),
+        "head dim 0",
+        lambda q, k, v: (q[..., :0], k[..., :0], v),
         ValueError,
-        r"head dim.*got 12",
+        r"head dim",
     ),
     (
-        "head dim 264",
-        lambda q, k, v: tuple(t.repeat(1, 1, 17)[..., :264] for t in (q, k, v)),
+        "value head dim 0",
+        lambda q, k, v: (q, k, v[..., :0]),
         ValueError,
-        r"head dim.*got 264",
+        r"head dim",
     ),
     ("key on meta", lambda q, k, v: (q, k.to("meta"), v), ValueError, r"query on cpu, key on meta"),
     (
@@ -361,6 +361,52 @@ def test_non_tensor_raises_type_error(rng, position):
         fixed.fast_attention(**args)
 
 
+@pytest.mark.parametrize(
+    ("head_dim", "head_dim_v"), [(8, 8), (12, 12), (264, 264), (16, 32), (12, 264), (1, 1)]
+)
+def test_head_dims_sdpa_accepts(rng, head_dim, head_dim_v):
+    """Head dims that used to be refused (8, 12, 264: any E on the CPU since issue 15) and a
+    value head dim Ev != E: output (..., L, Ev) and gradients against the reference."""
+    q, k, _ = rng.inputs(2, 3, head_dim, dtype=torch.float64, kv_len=5)
+    v = rng.randn(2, 5, head_dim_v, dtype=torch.float64)
+    grad_out = rng.randn(2, 3, head_dim_v, dtype=torch.float64)
+    for causal in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fixed.fast_attention(*leaves, is_causal=causal)
+        out.backward(grad_out)
+        assert out.shape == (2, 3, head_dim_v), f"{rng} E={head_dim} Ev={head_dim_v}"
+        expected = attention_with_grads(q, k, v, grad_out, causal=causal)
+        for name, got, want in zip(
+            ("output", "dq", "dk", "dv"), (out, *(t.grad for t in leaves)), expected, strict=True
+        ):
+            error = relative_error(got, want)
+            with check:
+                assert error <= TOLERANCE[torch.float64], (
+                    f"{rng} E={head_dim} Ev={head_dim_v} causal={causal} {name}: {error:.2e}"
+                )
+
+
+def test_broadcast_leading_dims(rng):
+    """Leading dims broadcast as SDPA's (these were errors before issue 15): a key without the
+    batch dim, a batch of 1; the gradient of a broadcast input is summed over the broadcast."""
+    q, k, v = rng.inputs(2, 3, 16, dtype=torch.float64, kv_len=5)
+    for name, key, value in (
+        ("key and value without the batch dim", k[0], v[0]),
+        ("key and value with batch 1", k[:1], v[:1]),
+    ):
+        leaves = [t.clone().requires_grad_() for t in (q, key, value)]
+        out = fixed.fast_attention(*leaves, is_causal=True)
+        grad_out = rng.randn(*out.shape, dtype=torch.float64)
+        out.backward(grad_out)
+        expanded = [t.expand(2, 5, 16) for t in (key, value)]
+        _, dq, dk, dv = attention_with_grads(q, *expanded, grad_out, causal=True)
+        want = (dq, dk.sum(0).view(key.shape), dv.sum(0).view(value.shape))
+        for grad_name, leaf, w in zip(("dq", "dk", "dv"), leaves, want, strict=True):
+            error = relative_error(leaf.grad, w)
+            with check:
+                assert error <= TOLERANCE[torch.float64], f"{rng} {name} {grad_name}: {error:.2e}"
+
+
 def test_validation_lives_in_cpp(rng):
     """The operator is callable without fast_attention: the C++ checks must catch bad input."""
     q, k, v = rng.inputs(2, 3, 16, kv_len=5)
@@ -369,7 +415,7 @@ def test_validation_lives_in_cpp(rng):
     ):
         forward_op(q.long(), k.long(), v.long(), 0.25, False)
     with pytest.raises(
-        ValueError, match=r"key must have shape \(\.\.\., S, 16\) .*got \[2, 5, 24\]"
+        ValueError, match=r"key must have shape \(\.\.\., S, 16\).*got \[2, 5, 24\]"
     ):
         forward_op(q, torch.cat([k, k[..., :8]], -1), v, 0.25, False)
     out, lse = forward_op(q, k, v, 0.25, False)
@@ -377,7 +423,7 @@ def test_validation_lives_in_cpp(rng):
         backward_op(out, q, k, v, out, lse.half(), 0.25, False)
     with pytest.raises(ValueError, match=r"logsumexp must have shape \[2, 3\].*got \[2, 4\]"):
         backward_op(out, q, k, v, out, torch.zeros(2, 4), 0.25, False)
-    with pytest.raises(ValueError, match=r"grad_output must have query's shape"):
+    with pytest.raises(ValueError, match=r"grad_output must have the output's shape"):
         backward_op(out[:, :2], q, k, v, out, lse, 0.25, False)
 
 
@@ -391,7 +437,7 @@ def test_empty_inputs(rng, shape, kv_len, causal):
     assert out.shape == q.shape and lse.shape == q.shape[:-1]
     assert torch.equal(out, torch.zeros_like(out)), "S == 0 must give zeros, as SDPA"
     assert torch.equal(lse, torch.full_like(lse, -math.inf)), "S == 0 must give logsumexp -inf"
-    fixed.fast_attention(q, k, v, causal=causal).sum().backward()
+    fixed.fast_attention(q, k, v, is_causal=causal).sum().backward()
     for name, t in (("query", q), ("key", k), ("value", v)):
         assert t.grad is not None and t.grad.shape == t.shape, f"grad of {name}"
         assert torch.equal(t.grad, torch.zeros_like(t)), f"grad of {name} must be zeros"

@@ -96,7 +96,7 @@ def test_views_and_custom_scale(fixed, seed):
         for scale, causal in ((0.3, False), (0.05, True)):
             where = f"{dtype_id(dtype)} scale={scale} causal={causal}; {replay(seed)}"
             leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-            out = fixed.fast_attention(*leaves, scale=scale, causal=causal)
+            out = fixed.fast_attention(*leaves, scale=scale, is_causal=causal)
             out.backward(grad)
             ref_out, *ref_grads = attention_with_grads(q, k, v, grad, scale=scale, causal=causal)
             error = relative_error(out, ref_out)
@@ -114,7 +114,7 @@ def test_more_batch_items_than_a_grid_dim_holds(fixed, seed):
     q, k, v = make_inputs((70_000,), 3, 5, 16, torch.float16, generator)
     grad = randn(q.shape, torch.float16, generator)
     leaves = [t.requires_grad_(True) for t in (q, k, v)]
-    out = fixed.fast_attention(*leaves, causal=True)
+    out = fixed.fast_attention(*leaves, is_causal=True)
     out.backward(grad)
     ref_out, *ref_grads = attention_with_grads(q, k, v, grad, causal=True)
     for name, got, ref in zip(
@@ -143,7 +143,7 @@ def test_gradients_match_reference(fixed, seed, dtype, head_dim, causal):
         shapes = f"q{list(inputs[0].shape)} kv{list(inputs[1].shape)}"
         where = f"{dtype_id(dtype)} {shapes} causal={causal}; {replay(seed)}"
         leaves = [t.requires_grad_(True) for t in inputs]
-        out = fixed.fast_attention(*leaves, causal=causal)
+        out = fixed.fast_attention(*leaves, is_causal=causal)
         poison_allocator(*((t.shape, dtype) for t in leaves), (grad.shape[:-1], torch.float32))
         out.backward(grad)
         _, *ref_grads = attention_with_grads(*inputs, grad, causal=causal)
@@ -253,7 +253,7 @@ def test_torch_compile_inductor_forward_and_backward(fixed, seed):
     weight = randn(inputs[0].shape, torch.float32, generator)
 
     def loss_fn(q, k, v):
-        out = fixed.fast_attention(q * 0.5, k, v, causal=True)
+        out = fixed.fast_attention(q * 0.5, k, v, is_causal=True)
         return out, (out * weight).sum()
 
     torch._dynamo.reset()
@@ -288,7 +288,7 @@ def test_cuda_graph_capture_and_replay(fixed, seed, head_dim):
     static_grad = randn(static[0].shape, dtype, generator)
 
     def step():
-        out = fixed.fast_attention(*static, causal=True)
+        out = fixed.fast_attention(*static, is_causal=True)
         return (out, *torch.autograd.grad(out, static, static_grad))
 
     side = torch.cuda.Stream()  # warm-up off the capture, as torch.cuda.graph's docs advise
@@ -326,7 +326,7 @@ def test_memory_is_flat_over_1000_calls(fixed, seed):
     grad = randn(leaves[0].shape, torch.float16, generator)
 
     def step():
-        fixed.fast_attention(*leaves, causal=True).backward(grad)
+        fixed.fast_attention(*leaves, is_causal=True).backward(grad)
         for leaf in leaves:
             leaf.grad = None
 
@@ -374,7 +374,7 @@ def test_inputs_on_the_second_gpu(fixed, seed, head_dim):
         inputs = make_inputs((2,), 50, 70, head_dim, torch.bfloat16, generator, device)
         grad = randn(inputs[0].shape, torch.bfloat16, generator, device)
         leaves = [t.requires_grad_(True) for t in inputs]
-        out = fixed.fast_attention(*leaves, causal=True)
+        out = fixed.fast_attention(*leaves, is_causal=True)
         out.backward(grad)
         torch.cuda.synchronize(device)
     refs = attention_with_grads(*inputs, grad, causal=True)
@@ -440,11 +440,29 @@ def test_backward_with_a_cpu_grad_output_names_both_devices(fixed):
     assert "cpu" in message and "cuda" in message, f"message names both devices: {message}"
 
 
-@pytest.mark.parametrize("head_dim", [8, 20, 264])
-def test_unsupported_head_dim_is_a_value_error(fixed, head_dim):
+@pytest.mark.parametrize(("head_dim", "head_dim_v"), [(264, 264), (264, 64), (64, 264)])
+def test_head_dim_over_256_is_a_value_error(fixed, head_dim, head_dim_v):
     q = torch.randn(2, 5, head_dim, device="cuda")
-    with pytest.raises(ValueError, match="head dim"):
-        fixed.fast_attention(q, q, q)
+    v = torch.randn(2, 5, head_dim_v, device="cuda")
+    with pytest.raises(ValueError, match="at most 256"):
+        fixed.fast_attention(q, q, v)
+
+
+@pytest.mark.parametrize("head_dim", [1, 8, 20, 59])
+def test_any_head_dim_up_to_256_is_accepted(fixed, seed, head_dim):
+    """Head dims 8 and 20 were refused before issue 15; every E from 1 to 256 is accepted now."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = make_inputs((2,), 7, 9, head_dim, torch.float32, generator)
+    grad = randn(inputs[0].shape, torch.float32, generator)
+    leaves = [t.requires_grad_(True) for t in inputs]
+    out = fixed.fast_attention(*leaves, is_causal=True)
+    out.backward(grad)
+    refs = attention_with_grads(*inputs, grad, causal=True)
+    for name, got, ref in zip(
+        ["out", "dq", "dk", "dv"], [out, *(t.grad for t in leaves)], refs, strict=True
+    ):
+        error = relative_error(got, ref)
+        assert error <= TOLERANCE[torch.float32], f"e{head_dim} {name}: {error:.2e}: {replay(seed)}"
 
 
 @pytest.mark.parametrize(
@@ -502,7 +520,7 @@ SANITIZER_SCRIPT = textwrap.dedent(
             torch.randn(2, n, head_dim, generator=generator).to("cuda", dtype).requires_grad_()
             for n in (len_q, len_kv, len_kv)
         )
-        out = fixed.fast_attention(q, k, v, causal=causal)
+        out = fixed.fast_attention(q, k, v, is_causal=causal)
         out.backward(torch.randn(out.shape, generator=generator).to("cuda", dtype))
     torch.cuda.synchronize()
     print("sanitizer script done")

@@ -168,7 +168,7 @@ def test_views_and_other_scales_through_autograd(fixed, seed, dtype, head_dim):
         grad = randn((batch, heads, len_q, head_dim), dtype, generator)
         assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-        fixed.fast_attention(*leaves, scale=scale, causal=causal).backward(grad)
+        fixed.fast_attention(*leaves, scale=scale, is_causal=causal).backward(grad)
         _, *reference = attention_with_grads(q, k, v, grad, scale=scale, causal=causal)
         where = f"{dtype_id(dtype)} e{head_dim} scale={scale} causal={causal}; {replay(seed)}"
         for name, leaf, ref in zip("qkv", leaves, reference, strict=True):
@@ -281,7 +281,7 @@ SANITIZER_SCRIPT = textwrap.dedent(
             torch.randn(2, n, head_dim, generator=generator).to("cuda", dtype).requires_grad_()
             for n in (len_q, len_kv, len_kv)
         )
-        fixed.fast_attention(q, k, v, causal=causal).sum().backward()
+        fixed.fast_attention(q, k, v, is_causal=causal).sum().backward()
     torch.cuda.synchronize()
     print("sanitizer script done")
     """

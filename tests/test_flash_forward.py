@@ -151,9 +151,9 @@ def test_non_contiguous_inputs_and_other_scales(fixed, seed, dtype, head_dim):
     for scale, causal in cases:
         where = f"{dtype_id(dtype)} e{head_dim} scale={scale} causal={causal}; {replay(seed)}"
         check_against_reference(q, k, v, scale, causal, where)
-        out = fixed.fast_attention(q, k, v, scale=scale, causal=causal)
+        out = fixed.fast_attention(q, k, v, scale=scale, is_causal=causal)
         expected = fixed.fast_attention(
-            q.contiguous(), k.contiguous(), v.contiguous(), scale=scale, causal=causal
+            q.contiguous(), k.contiguous(), v.contiguous(), scale=scale, is_causal=causal
         )
         with check:
             assert torch.equal(out, expected), f"views vs contiguous copies differ: {where}"
@@ -280,7 +280,7 @@ SANITIZER_SCRIPT = textwrap.dedent(
             torch.randn(2, n, head_dim, generator=generator).to("cuda", dtype)
             for n in (len_q, len_kv, len_kv)
         )
-        fixed.fast_attention(q, k, v, causal=causal)
+        fixed.fast_attention(q, k, v, is_causal=causal)
     torch.cuda.synchronize()
     print("sanitizer script done")
     """

@@ -6,14 +6,19 @@
 // attention_kernels.cuh (generic) and, for half and bfloat16 on tensor cores,
 // flash_forward.cuh and flash_backward.cuh (mma.sync, sm_80 and later) and
 // flash_forward_sm90.cuh (wgmma, Hopper); no torch includes there, so nvcc can compile-check
-// them without a GPU.
+// them without a GPU. Masks, grouped-query heads, Ev != E and dropout run on the generic kernels;
+// the tensor-core ones decline them.
+#include <cstdint>
 #include <limits>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraphsUtils.cuh>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
@@ -62,28 +67,68 @@ typename CudaType<scalar_t>::type* cuda_mutable_ptr(at::Tensor& tensor) {
                      AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)  \
                      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
-kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale, bool causal) {
-  return {shape.batch, shape.len_q, shape.len_kv, shape.head_dim, static_cast<float>(scale),
-          causal};
+// mask: additive_mask's (batch / heads, heads, L, S) float32 view, or none; the caller keeps it
+// alive until the kernels have been launched (they read it on the stream, in order).
+kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale, bool causal,
+                                       const std::optional<at::Tensor>& mask, double dropout_p,
+                                       uint64_t dropout_seed) {
+  kernels::AttentionProblem problem{shape.batch, shape.len_q, shape.len_kv, shape.head_dim,
+                                    static_cast<float>(scale), causal};
+  problem.head_dim_v = shape.head_dim_v;
+  problem.heads = shape.heads;
+  problem.kv_group = shape.kv_group;
+  if (mask.has_value()) {
+    problem.mask = mask->const_data_ptr<float>();
+    problem.mask_stride_outer = mask->stride(0);
+    problem.mask_stride_head = mask->stride(1);
+    problem.mask_stride_row = mask->stride(2);
+    problem.mask_stride_col = mask->stride(3);
+  }
+  problem.dropout_p = static_cast<float>(dropout_p);
+  problem.dropout_seed = dropout_seed;
+  return problem;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& query,  // (..., L, E)
-                                                          const at::Tensor& key,    // (..., S, E)
-                                                          const at::Tensor& value,  // (..., S, E)
-                                                          double scale, bool causal) {
-  // Dtype, devices (one device, float64 CPU-only), ranks, sizes: typed errors naming the
-  // argument, before anything touches a device.
-  const AttentionShape shape = check_attention_inputs(query, key, value);
+// The dropout seed is a host value baked into the launch: a captured CUDA graph would replay the
+// same keep mask at every replay. Refused, as a RuntimeError, rather than silently repeated.
+void check_dropout_not_captured(double dropout_p) {
+  TORCH_CHECK(dropout_p == 0.0 ||
+                  at::cuda::currentStreamCaptureStatus() == at::cuda::CaptureStatus::None,
+              "fast_attention: dropout_p > 0 is not supported under CUDA graph capture (the "
+              "seed would be frozen into the graph, the same keep mask at every replay); use "
+              "dropout_p=0 in captured code");
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
+    const at::Tensor& query,  // (..., L, E)
+    const at::Tensor& key,    // (..., S, E); under enable_gqa (..., Hkv, S, E)
+    const at::Tensor& value,  // (..., S, Ev); under enable_gqa (..., Hkv, S, Ev)
+    double scale, bool causal,
+    const std::optional<at::Tensor>& attn_mask,  // broadcastable to (..., L, S)
+    bool enable_gqa, double dropout_p,
+    const std::optional<at::Tensor>& dropout_seed) {  // 0-dim int64 CPU, with dropout
+  // Dtype, devices (one device, float64 CPU-only), ranks, sizes, head dims, dropout_p and its
+  // seed: typed errors naming the argument, before anything touches a device.
+  const AttentionShape shape = check_attention_inputs(query, key, value, enable_gqa);
+  check_cuda_head_dims(shape);
+  const uint64_t seed = dropout_seed_of(dropout_p, dropout_seed);
   TORCH_INTERNAL_ASSERT(query.is_cuda());
   // Allocate, copy and launch on the inputs' device, not on whichever one is current.
   const c10::cuda::CUDAGuard device_guard(query.device());
   // The caller's stream on that device (torch.cuda.stream(s), CUDA-graph capture), never the
   // legacy default stream: ordered after whatever produced the inputs on it.
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  check_dropout_not_captured(dropout_p);
+  // attn_mask is checked here, after the guard, because making it additive float32 may allocate
+  // on its device (a bool mask becomes a new tensor). Kept alive until after the launch.
+  const std::optional<at::Tensor> mask =
+      additive_mask(attn_mask, query, shape, causal, at::kFloat);
 
   // On the device, from the caching allocator (no host round trip, no sync); sizes only, so
   // both outputs are contiguous whatever the inputs' strides.
-  at::Tensor output = at::empty(query.sizes(), query.options());  // (..., L, E)
+  std::vector<int64_t> output_sizes = query.sizes().vec();
+  output_sizes.back() = shape.head_dim_v;
+  at::Tensor output = at::empty(output_sizes, query.options());  // (..., L, Ev)
   at::Tensor logsumexp = at::empty(query.sizes().slice(0, query.dim() - 1),
                                    query.options().dtype(logsumexp_dtype(query.scalar_type())));
   if (shape.batch == 0 || shape.len_q == 0) {
@@ -96,16 +141,19 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& quer
   }
 
   // The kernels index contiguous (B, L, E) memory: one copy for views (transposed, sliced,
-  // expanded); a no-op when the input is already contiguous.
+  // expanded); a no-op when the input is already contiguous. Under GQA, K and V keep their
+  // fewer heads (B / kv_group items): the kernels index the shared one.
   const at::Tensor q = query.contiguous();  // (B, L, E)
-  const at::Tensor k = key.contiguous();    // (B, S, E)
-  const at::Tensor v = value.contiguous();  // (B, S, E)
-  const kernels::AttentionProblem problem = make_problem(shape, scale, causal);
+  const at::Tensor k = key.contiguous();    // (B / kv_group, S, E)
+  const at::Tensor v = value.contiguous();  // (B / kv_group, S, Ev)
+  const kernels::AttentionProblem problem =
+      make_problem(shape, scale, causal, mask, dropout_p, seed);
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
     // The fastest kernel that covers the case: Hopper's wgmma one (compute capability 9.0),
-    // the mma.sync one (both for half/bfloat16 at head dim 64 or 128), the generic one. Each launcher declines what it does not cover, having launched nothing;
-    // either way exactly one launch, checked below.
+    // the mma.sync one (both for half/bfloat16 at head dim 64 or 128, no mask, dropout, GQA or
+    // Ev != E), the generic one. Each launcher declines what it does not cover, having
+    // launched nothing; either way exactly one launch, checked below.
     const auto* q_ptr = cuda_ptr<scalar_t>(q);
     const auto* k_ptr = cuda_ptr<scalar_t>(k);
     const auto* v_ptr = cuda_ptr<scalar_t>(v);
@@ -124,41 +172,51 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& quer
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
-    const at::Tensor& grad_output,  // (..., L, E)
+    const at::Tensor& grad_output,  // (..., L, Ev)
     const at::Tensor& query,        // (..., L, E)
-    const at::Tensor& key,          // (..., S, E)
-    const at::Tensor& value,        // (..., S, E)
-    const at::Tensor& output,       // (..., L, E)
+    const at::Tensor& key,          // (..., S, E); under enable_gqa (..., Hkv, S, E)
+    const at::Tensor& value,        // (..., S, Ev); under enable_gqa (..., Hkv, S, Ev)
+    const at::Tensor& output,       // (..., L, Ev): the forward's, dropout applied
     const at::Tensor& logsumexp,    // (..., L), float32
-    double scale, bool causal) {
-  const AttentionShape shape = check_attention_inputs(query, key, value);
-  check_backward_inputs(grad_output, query, output, logsumexp);
+    double scale, bool causal, const std::optional<at::Tensor>& attn_mask, bool enable_gqa,
+    double dropout_p, const std::optional<at::Tensor>& dropout_seed) {
+  const AttentionShape shape = check_attention_inputs(query, key, value, enable_gqa);
+  check_cuda_head_dims(shape);
+  check_backward_inputs(grad_output, query, value, output, logsumexp);
+  const uint64_t seed = dropout_seed_of(dropout_p, dropout_seed);
   TORCH_INTERNAL_ASSERT(query.is_cuda());
   const c10::cuda::CUDAGuard device_guard(query.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  check_dropout_not_captured(dropout_p);
+  const std::optional<at::Tensor> mask =
+      additive_mask(attn_mask, query, shape, causal, at::kFloat);
 
   if (shape.batch == 0 || shape.len_q == 0 || shape.len_kv == 0) {
     // The output does not depend on any element: every gradient is zero. No kernel of ours.
     return {at::zeros(query.sizes(), query.options()), at::zeros(key.sizes(), key.options()),
             at::zeros(value.sizes(), value.options())};
   }
+  // key's and value's shapes: under GQA each K/V head gets the sum over the query heads that
+  // read it.
   at::Tensor grad_query = at::empty(query.sizes(), query.options());  // (..., L, E)
   at::Tensor grad_key = at::empty(key.sizes(), key.options());        // (..., S, E)
-  at::Tensor grad_value = at::empty(value.sizes(), value.options());  // (..., S, E)
+  at::Tensor grad_value = at::empty(value.sizes(), value.options());  // (..., S, Ev)
   // One contiguous copy of each view, as in the forward.
-  const at::Tensor dout = grad_output.contiguous();  // (B, L, E)
+  const at::Tensor dout = grad_output.contiguous();  // (B, L, Ev)
   const at::Tensor q = query.contiguous();           // (B, L, E)
-  const at::Tensor k = key.contiguous();             // (B, S, E)
-  const at::Tensor v = value.contiguous();           // (B, S, E)
-  const at::Tensor out = output.contiguous();        // (B, L, E)
+  const at::Tensor k = key.contiguous();             // (B / kv_group, S, E)
+  const at::Tensor v = value.contiguous();           // (B / kv_group, S, Ev)
+  const at::Tensor out = output.contiguous();        // (B, L, Ev)
   const at::Tensor lse = logsumexp.contiguous();     // (B, L), float32
-  const kernels::AttentionProblem problem = make_problem(shape, scale, causal);
+  const kernels::AttentionProblem problem =
+      make_problem(shape, scale, causal, mask, dropout_p, seed);
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_backward_cuda", [&] {
-    // The tensor-core backward where it covers the case (half/bfloat16, head dim 64 or 128);
-    // its float32 workspace comes from the caching allocator, on this device and stream. Its dQ
-    // sums by float atomics, in no fixed order: under torch.use_deterministic_algorithms(True)
-    // the generic kernels (one thread per element) answer instead.
+    // The tensor-core backward where it covers the case (half/bfloat16, head dim 64 or 128, no
+    // mask, dropout, GQA or Ev != E); its float32 workspace comes from the caching allocator, on
+    // this device and stream. Its dQ sums by float atomics, in no fixed order: under
+    // torch.use_deterministic_algorithms(True) the generic kernels (one thread per element, GQA's
+    // dK and dV summed in a fixed order) answer instead.
     const int64_t workspace_rows =
         at::globalContext().deterministicAlgorithms()
             ? 0

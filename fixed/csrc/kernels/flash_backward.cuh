@@ -1,8 +1,9 @@
 // FlashAttention-2-style backward for half and bfloat16 on tensor cores (mma.sync m16n8k16,
 // ldmatrix, cp.async: sm_80 and later), head dims 64 and 128. The launcher at the bottom
 // returns false, launching nothing, for every case it does not cover (float32, other head dims,
-// tensors not 16-byte aligned, no sm_80+ image for the device); the caller then runs the
-// generic kernels of attention_kernels.cuh, which compute the same gradients.
+// Ev != E, GQA, a mask, dropout, tensors not 16-byte aligned, no sm_80+ image for the device);
+// the caller then runs the generic kernels of attention_kernels.cuh, which compute the same
+// gradients.
 //
 // No torch includes: CI compile-checks it without a GPU (kata/toolchain/builders.py). The fragment
 // layouts of mma.m16n8k16 and ldmatrix are spelled out in flash_forward.cuh's header comment.
@@ -602,6 +603,9 @@ template <typename T>
 bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
                      const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
                      T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
+  if (!is_plain(p)) {
+    return false;
+  }
   switch (p.head_dim) {
     case 64:
       return launch_backward<T, BackwardTiling64>(dout, q, k, v, out, lse, lse_log2, delta,
@@ -615,6 +619,9 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
 
 // Workspace rows for the head dims the kernel covers: whole query blocks of that variant.
 inline int64_t backward_rows(const AttentionProblem& p) {
+  if (!is_plain(p)) {
+    return 0;
+  }
   switch (p.head_dim) {
     case 64: return padded_rows<BackwardTiling64>(p.len_q);
     case 128: return padded_rows<BackwardTiling128>(p.len_q);
@@ -628,9 +635,10 @@ inline int64_t backward_rows(const AttentionProblem& p) {
 // The glue's entry points, one overload per dtype (non-templates, so that nvcc's compile check
 // of this header instantiates every kernel). Problem: batch, len_q and len_kv > 0.
 //
-// flash_backward_rows: 0 when the tensor-core backward does not cover the dtype or head dim;
-// otherwise the rows (per batch item) of the float32 workspace the caller allocates before
-// launch_flash_backward: lse_log2 and delta (B, rows), dq_accum (B, rows, D), no zeroing needed.
+// flash_backward_rows: 0 when the tensor-core backward does not cover the case (dtype, head
+// dim, or not the plain problem: attention_kernels.cuh's is_plain); otherwise the rows (per
+// batch item) of the float32 workspace the caller allocates before launch_flash_backward:
+// lse_log2 and delta (B, rows), dq_accum (B, rows, D), no zeroing needed.
 //
 // launch_flash_backward: contiguous (B, L, D) dout, q, out, dq; (B, S, D) k, v, dk, dv; lse
 // (B, L) float32 from the forward. Returns false, having launched nothing, when the case is not

@@ -1,10 +1,11 @@
 // FlashAttention-2-style forward for half and bfloat16 on tensor cores (mma.sync m16n8k16,
 // ldmatrix, cp.async: sm_80 and later, Ampere and Hopper), head dims 64 and 128. The launchers
 // at the bottom return false, launching nothing, for every case they do not cover (float32,
-// other head dims, inputs not 16-byte aligned, no sm_80+ image of the kernel for the device);
-// the caller then runs the generic kernel of attention_kernels.cuh: the same function. On
-// Hopper (compute capability 9.0) the caller tries flash_forward_sm90.cuh (wgmma) first, which
-// takes both head dims; its kernel runs flash_forward_cta below in images without wgmma.
+// other head dims, Ev != E, GQA, a mask, dropout, inputs not 16-byte aligned, no sm_80+ image
+// of the kernel for the device); the caller then runs the generic kernel of
+// attention_kernels.cuh: the same function. On Hopper (compute capability 9.0) the caller tries
+// flash_forward_sm90.cuh (wgmma) first, which takes both head dims; its kernel runs
+// flash_forward_cta below in images without wgmma.
 //
 // No torch includes, so CI compile-checks this header on a machine without a GPU:
 //   nvcc -arch=sm_90 -x cu -c fixed/csrc/kernels/flash_forward.cuh -o /dev/null
@@ -553,6 +554,9 @@ bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const Attent
 template <typename T>
 bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
              cudaStream_t stream) {
+  if (!is_plain(p)) {
+    return false;
+  }
   // 16-byte cp.async and stores: a contiguous tensor at an odd storage offset is not aligned.
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {
     return false;

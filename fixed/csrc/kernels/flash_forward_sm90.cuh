@@ -6,11 +6,12 @@
 // memory, without the ldmatrix round trips through registers that mma.sync needs: at S = 4096
 // on an H200, 1.4x the mma.sync kernel at D = 128 and 1.06x at D = 64 (perf/NOTES.md, v11).
 //
-// The launcher takes bf16/fp16 at head dim 64 or 128 on a device of compute capability 9.0 and
-// declines everything else (the caller then tries flash_forward.cuh). The wgmma body exists
-// only in an sm_90a image (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In
-// any other image the kernel runs flash_forward.cuh's mma.sync body with a tiling of the same
-// CTA shape: slower, never wrong.
+// The launcher takes bf16/fp16 at head dim 64 or 128 (the plain problem: attention_kernels.cuh's
+// is_plain) on a device of compute capability 9.0 and declines everything else (the caller
+// then tries flash_forward.cuh). The wgmma body exists only in an sm_90a image
+// (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In any other image the
+// kernel runs flash_forward.cuh's mma.sync body with a tiling of the same CTA shape: slower,
+// never wrong.
 //
 // No torch includes: CI compile-checks this header for sm_90a and sm_90 without a GPU.
 //
@@ -373,7 +374,8 @@ bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const Attent
 template <typename T>
 bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
              cudaStream_t stream) {
-  if ((p.head_dim != 64 && p.head_dim != 128) || !current_device_is_sm90()) {
+  if (!is_plain(p) || (p.head_dim != 64 && p.head_dim != 128) ||
+      !current_device_is_sm90()) {
     return false;
   }
   if (!detail::aligned16(q) || !detail::aligned16(k) || !detail::aligned16(v) ||
@@ -390,7 +392,8 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
 // The launchers the glue calls before launch_flash_forward, one overload per dtype, with its
 // arguments and contract: true when the case is taken (one launch on `stream`, or none for
 // empty work), false having launched nothing when it is not (float32, head dims other than 64
-// and 128, devices other than compute capability 9.0, misaligned inputs).
+// and 128, Ev != E, GQA, a mask, dropout, devices other than compute capability 9.0, misaligned
+// inputs).
 inline bool launch_flash_forward_sm90(const float*, const float*, const float*, float*, float*,
                                       const AttentionProblem&, cudaStream_t) {
   return false;
