@@ -1,6 +1,6 @@
 """`make bench`: flawed/ vs fixed/ vs torch's scaled_dot_product_attention, in one run.
 
-Three sections (`--only` picks some):
+Four sections (`--only` picks some):
   overhead  per-call host overhead at a tiny shape: flawed (the ctypes wrapper), fixed's
             fast_attention, its raw operator and SDPA; wall clock around many calls, µs per call.
   kata      the kata's shapes, float32 (B, S, 64): flawed, fixed, SDPA, and the cost of flawed's
@@ -8,6 +8,9 @@ Three sections (`--only` picks some):
   llm       LLM shapes, bfloat16 (B, H, S, D), forward and forward+backward: fixed and SDPA's
             default, flash and cuDNN backends, in TFLOP/s and as a ratio to the flash backend.
             Needs a CUDA GPU.
+  args      SDPA's other arguments at one LLM shape (bfloat16, B=4, H=16, S=2048): fixed
+            against SDPA's default with a bool or float mask, GQA, head dim 80, Ev != E,
+            dropout. Needs a CUDA GPU.
 
 How it times. Every implementation is first checked once against float32 SDPA (the math backend,
 an independent path) on fresh standard-normal inputs; a wrong result is reported as WRONG and
@@ -26,6 +29,6 @@ of the LLM rows (`--png`, default beside the JSON) when matplotlib is installed.
 
 The modules: cases (sections, shapes, settings, rows and the float32 reference), backends (what is
 timed: flawed/, fixed/, SDPA and its backends; SDPA's refusals and kernel names; machine facts),
-timing (how a row is checked and timed: the Bench), table (the stdout table and the chart) and cli
-(the options and main). `python -m bench` runs cli.main.
+timing (how a row is checked and timed: the Bench), arguments (the args section's cases), table
+(the stdout table and the chart) and cli (the options and main). `python -m bench` runs cli.main.
 """
