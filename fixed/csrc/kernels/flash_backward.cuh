@@ -230,20 +230,22 @@ __device__ __forceinline__ void load_row_stats(uint32_t lse_dst, uint32_t delta_
   }
 }
 
+// The whole CTA's work, every work item of the grid-stride loop (sm_80 and later). A device
+// function so that the sm_90a kernel (flash_backward_sm90.cuh) can run it as its body in images
+// without wgmma.
 template <typename T, class F>
-__global__ void __launch_bounds__(F::kThreads, 1)
-    flash_backward_kernel(const T* __restrict__ q,               // (B, L, D)
-                          const T* __restrict__ k,               // (B, S, D)
-                          const T* __restrict__ v,               // (B, S, D)
-                          const T* __restrict__ dout,            // (B, L, D)
-                          const float* __restrict__ lse_log2,    // (B, Lp)
-                          const float* __restrict__ delta,       // (B, Lp)
-                          float* __restrict__ dq_accum,          // (B, Lp, D)
-                          T* __restrict__ dk,                    // (B, S, D)
-                          T* __restrict__ dv,                    // (B, S, D)
-                          const AttentionProblem p, const int64_t rows_padded,
-                          const bool longest_first) {  // causal work order (see the launcher)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,             // (B, L, D)
+                                                   const T* __restrict__ k,             // (B, S, D)
+                                                   const T* __restrict__ v,             // (B, S, D)
+                                                   const T* __restrict__ dout,          // (B, L, D)
+                                                   const float* __restrict__ lse_log2,  // (B, Lp)
+                                                   const float* __restrict__ delta,     // (B, Lp)
+                                                   float* __restrict__ dq_accum,  // (B, Lp, D)
+                                                   T* __restrict__ dk,            // (B, S, D)
+                                                   T* __restrict__ dv,            // (B, S, D)
+                                                   const AttentionProblem p,
+                                                   const int64_t rows_padded,
+                                                   const bool longest_first) {
   constexpr int D = F::kHeadDim, BM = F::kBlockM, BN = F::kBlockN;
   constexpr int kSliceTiles = F::kSliceTiles, kDTiles = F::kDTiles, kDqTiles = F::kDqTiles;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -514,6 +516,24 @@ __global__ void __launch_bounds__(F::kThreads, 1)
     }
     __syncthreads();  // the next work item's copies overwrite the K and V tiles
   }
+}
+
+template <typename T, class F>
+__global__ void __launch_bounds__(F::kThreads, 1)
+    flash_backward_kernel(const T* __restrict__ q,               // (B, L, D)
+                          const T* __restrict__ k,               // (B, S, D)
+                          const T* __restrict__ v,               // (B, S, D)
+                          const T* __restrict__ dout,            // (B, L, D)
+                          const float* __restrict__ lse_log2,    // (B, Lp)
+                          const float* __restrict__ delta,       // (B, Lp)
+                          float* __restrict__ dq_accum,          // (B, Lp, D)
+                          T* __restrict__ dk,                    // (B, S, D)
+                          T* __restrict__ dv,                    // (B, S, D)
+                          const AttentionProblem p, const int64_t rows_padded,
+                          const bool longest_first) {  // causal work order (see the launcher)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  flash_backward_cta<T, F>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows_padded,
+                           longest_first);
 #endif  // __CUDA_ARCH__ >= 800
 }
 
@@ -551,12 +571,21 @@ __global__ void __launch_bounds__(kRowKernelThreads)
 
 namespace detail {
 
-// The backward's three launches on `stream`. After a failed launch it stops, leaving the error
-// for the caller's launch check.
+// The main kernel's signature: flash_backward_kernel's, and flash_backward_sm90.cuh's.
+template <typename T>
+using BackwardMainKernel = void(const T*, const T*, const T*, const T*, const float*,
+                                const float*, float*, T*, T*, const AttentionProblem,
+                                const int64_t, const bool);
+
+// The backward's three launches on `stream`: the prologue and dq kernels of tiling F, and
+// `kernel` (F's flash_backward_kernel, or a kernel of F's CTA shape: kThreads threads, blocks
+// of kBlockN keys, the workspace padded to F::kBlockM rows) with `smem_bytes` of dynamic shared
+// memory. After a failed launch it stops, leaving the error for the caller's launch check.
 template <typename T, class F>
-void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,
-              float* lse_log2, float* delta, float* dq_accum, T* dq, T* dk, T* dv,
-              const AttentionProblem& p, cudaStream_t stream) {
+void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* dout, const T* q,
+              const T* k, const T* v, const T* out, const float* lse, float* lse_log2,
+              float* delta, float* dq_accum, T* dq, T* dk, T* dv, const AttentionProblem& p,
+              cudaStream_t stream) {
   const int64_t rows = padded_rows<F>(p.len_q);
   constexpr int kRowsPerBlock = kRowKernelThreads / F::kChunks;
   flash_backward_prologue_kernel<T, F::kHeadDim>
@@ -565,11 +594,10 @@ void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
   if (cudaPeekAtLastError() != cudaSuccess) {
     return;
   }
-  auto* kernel = flash_backward_kernel<T, F>;
-  kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
+  kernels::detail::allow_shared_memory(kernel, smem_bytes);
   const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN);
   const bool longest_first = p.causal && longest_first_pays(p.batch, p.len_q, p.head_dim);  // Q, dO
-  kernel<<<kernels::detail::grid_for(work), F::kThreads, F::kSmemBytes, stream>>>(
+  kernel<<<kernels::detail::grid_for(work), F::kThreads, smem_bytes, stream>>>(
       q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows, longest_first);
   if (cudaPeekAtLastError() != cudaSuccess) {
     return;
@@ -595,7 +623,8 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
   if (!has_tensor_core_image(flash_backward_kernel<T, F>)) {
     return false;
   }
-  backward<T, F>(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq, dk, dv, p, stream);
+  backward<T, F>(flash_backward_kernel<T, F>, F::kSmemBytes, dout, q, k, v, out, lse, lse_log2,
+                 delta, dq_accum, dq, dk, dv, p, stream);
   return true;
 }
 
