@@ -1,7 +1,8 @@
 // PTX wrappers for Hopper's warpgroup MMA (wgmma.mma_async, sm_90a only; PTX ISA 9.7.15), the
-// shapes flash_forward_sm90.cuh uses. The instructions exist only in images compiled for
-// sm_90a: outside one (__CUDA_ARCH_FEAT_SM90_ALL undefined) every wrapper compiles to nothing,
-// and the caller must not reach it (the kernel takes its mma.sync body there).
+// shapes flash_forward_sm90.cuh and flash_backward_sm90.cuh use. The instructions exist only
+// in images compiled for sm_90a: outside one (__CUDA_ARCH_FEAT_SM90_ALL undefined) every wrapper
+// compiles to nothing, and the caller must not reach it (the kernel takes its mma.sync body
+// there).
 //
 // A warpgroup is 4 consecutive warps (128 threads) and issues each wgmma together. The f32
 // accumulator of an m64nNk16 is, per warp w of the group, the mma.sync C layout of rows
@@ -16,7 +17,10 @@
 //     first row at the k-step's 16 elements (32 bytes further per k-step, within the atom);
 //     stride byte offset (SBO) = 1024, the next 8 rows; the leading byte offset is unused.
 //   MN-major operand (N contiguous: V of O = P V, [key][d]): 64-element runs of N, 8 keys per
-//     atom; LBO = the distance between 64-wide runs of N, SBO = between 8-key atoms.
+//     atom; LBO = the distance between 64-wide runs of N, SBO = between 8-key atoms. An A
+//     operand can be MN-major too (M contiguous, imm-trans-a = 1; 16-bit types only), with the
+//     same descriptor: LBO between 64-wide runs of M (unused when M = 64), SBO between the
+//     8-row atoms of k.
 // The async proxy reads shared memory: writes by st.shared or cp.async need
 // fence.proxy.async before the barrier that publishes them to the warpgroups.
 #ifndef FIXED_WGMMA_CUH_
@@ -111,6 +115,46 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc
   }
 }
 
+// D (64 x 128, f32) = A B (+ D when accumulate): A 64 x 16 and B 16 x 128 both K-major in
+// shared memory (flash_backward_sm90.cuh's S^T = K Q^T and dP^T = V dO^T over 128 queries).
+#define FIXED_WGMMA_M64N128K16_SS(TYPE)                                                     \
+  FIXED_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                              \
+                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "          \
+                  FIXED_WGMMA_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                     \
+                  : FIXED_WGMMA_D64                                                         \
+                  : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)))
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a,
+                                                    uint64_t desc_b, bool accumulate) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    FIXED_WGMMA_M64N128K16_SS("bf16");
+  } else {
+    FIXED_WGMMA_M64N128K16_SS("f16");
+  }
+}
+
+// D (64 x 64, f32) = A B (+ D when accumulate): A 64 x 16 and B 16 x 64 both MN-major in shared
+// memory (imm-trans-a = imm-trans-b = 1: A's 64 rows contiguous for each k, B's 64 columns
+// contiguous for each k). flash_backward_sm90.cuh's dQ = dS K: A = dS read from the stored
+// dS^T ([key][query]), B = K ([key][d]).
+#define FIXED_WGMMA_M64N64K16_SS_MN(TYPE)                                                   \
+  FIXED_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                              \
+                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "           \
+                  FIXED_WGMMA_REGS32 ", %32, %33, p, 1, 1, 1, 1;\n}\n"                      \
+                  : FIXED_WGMMA_D32                                                         \
+                  : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)))
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n64k16_ss_mn(float (&d)[32], uint64_t desc_a,
+                                                      uint64_t desc_b, bool accumulate) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    FIXED_WGMMA_M64N64K16_SS_MN("bf16");
+  } else {
+    FIXED_WGMMA_M64N64K16_SS_MN("f16");
+  }
+}
+
 // D (64 x 128, f32) += A B: A 64 x 16 from registers (the mma.sync A fragment per warp), B
 // 16 x 128 MN-major in shared memory (the trailing 1: B transposed, N contiguous).
 #define FIXED_WGMMA_M64N128K16_RS(TYPE)                                                      \
@@ -148,6 +192,8 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
   }
 }
 
+#undef FIXED_WGMMA_M64N64K16_SS_MN
+#undef FIXED_WGMMA_M64N128K16_SS
 #undef FIXED_WGMMA_M64N64K16_RS
 #undef FIXED_WGMMA_M64N128K16_RS
 #undef FIXED_WGMMA_M64N64K16_SS
