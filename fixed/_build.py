@@ -103,14 +103,15 @@ _ARCH_POLICY = "sm_90 code as sm_90a"
 
 def _cuda_arch_flags(cpp_extension) -> list[str]:
     """torch's -gencode flags (TORCH_CUDA_ARCH_LIST, or the visible GPUs), with sm_90 code built
-    as sm_90a: the one image for compute capability 9.0 then has the wgmma forward
-    (csrc/kernels/flash_forward_sm90.cuh). Its PTX stays compute_90, for JIT on later GPUs. Any
-    -gencode in extra_cuda_cflags makes load() add none of its own, so these are all of them."""
+    as sm_90a: the one image for compute capability 9.0 then has the wgmma forward and backward
+    (csrc/kernels/flash_forward_sm90.cuh, flash_backward_sm90.cuh). Its PTX stays compute_90,
+    for JIT on later GPUs. Any -gencode in extra_cuda_cflags makes load() add none of its own,
+    so these are all of them."""
     torch_flags = getattr(cpp_extension, "_get_cuda_arch_flags", None)
     if torch_flags is None:  # a private helper: without it, torch's own flags, no sm_90a
         print(
             "fixed: this torch does not say its arch flags; building without sm_90a "
-            "(correct, but Hopper runs the mma.sync forward)",
+            "(correct, but Hopper runs the mma.sync forward and backward)",
             file=sys.stderr,
         )
         return []

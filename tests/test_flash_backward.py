@@ -1,6 +1,7 @@
 """fixed/'s tensor-core backward (fixed/csrc/kernels/flash_backward.cuh: mma.sync, bf16 and fp16,
-head dims 64 and 128) on a GPU: dQ, dK and dV against the float64 reference and against the generic
-float32 kernels, ragged lengths around the 64-query and 128-key blocks, L != S both ways,
+head dims 64 and 128; on compute capability 9.0 flash_backward_sm90.cuh, wgmma, with the same
+prologue and dq kernels) on a GPU: dQ, dK and dV against the float64 reference and against the
+generic float32 kernels, ragged lengths around the 64-query and 128-key blocks, L != S both ways,
 causal, views, negative scales, misaligned inputs, which kernels ran, and compute-sanitizer.
 Every test needs CUDA and skips, saying so, without it. Inputs are fresh each run;
 FLASH_SEED=<seed> replays a failure."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import subprocess
 import textwrap
 
 import pytest
@@ -20,6 +22,7 @@ from tests.cuda_support import (
     TENSOR_CORE_SANITIZER_TOOLS,
     dtype_id,
     find_compute_sanitizer,
+    find_cuda_tool,
     fixed_with_cuda_kernels,
     poison_allocator,
     randn,
@@ -52,7 +55,14 @@ CASES = [
     ((1,), 15, 1000),
     ((1,), 1100, 1100),
 ]
-BACKWARD_KERNEL = "flash_backward_kernel"
+BACKWARD_KERNEL = "flash_backward_kernel"  # mma.sync
+SM90_BACKWARD_KERNEL = "flash_backward_sm90_kernel"  # wgmma: compute capability 9.0
+MAIN_KERNELS = (BACKWARD_KERNEL, SM90_BACKWARD_KERNEL)
+
+
+def main_kernels(names):
+    """The launched kernels that are a tensor-core backward's main kernel."""
+    return [name for name in names if any(kernel in name for kernel in MAIN_KERNELS)]
 
 
 fixed = pytest.fixture(fixed_with_cuda_kernels, scope="module", name="fixed")
@@ -219,21 +229,26 @@ def kernels_launched(q, k, v, grad, causal=False):
 
 
 def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
-    """bf16/fp16 with head dim 64 or 128 take the tensor-core backward; float32, other head dims,
-    misaligned inputs and deterministic mode take the generic one. Without this, a dispatch that
-    always fell back would pass every result test above."""
+    """bf16/fp16 with head dim 64 or 128 take the tensor-core backward (the wgmma kernel on
+    compute capability 9.0, the mma.sync one elsewhere); float32, other head dims, misaligned
+    inputs and deterministic mode take the generic one. Without this, a dispatch that always
+    fell back would pass every result test above."""
     generator = torch.Generator().manual_seed(seed)
     if not kernels_launched(*make_inputs((2,), 100, 100, 64, torch.float32, generator)):
         pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable?)")
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    expected = SM90_BACKWARD_KERNEL if hopper else BACKWARD_KERNEL
     for dtype in DTYPES:
         for head_dim in HEAD_DIMS:
             for causal in (False, True):
                 names = kernels_launched(
                     *make_inputs((2, 3), 100, 150, head_dim, dtype, generator), causal=causal
                 )
+                main = main_kernels(names)
                 with check:
-                    assert sum(BACKWARD_KERNEL in name for name in names) == 1, (
-                        f"{dtype_id(dtype)} e{head_dim} causal={causal}: launched {names}"
+                    assert len(main) == 1 and expected in main[0], (
+                        f"{dtype_id(dtype)} e{head_dim} causal={causal}: launched {names}, "
+                        f"expected {expected}"
                     )
     declined = {
         "float32 e64": make_inputs((2,), 100, 100, 64, torch.float32, generator),
@@ -246,18 +261,44 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
     for label, inputs in declined.items():
         names = kernels_launched(*inputs)
         with check:
-            assert names and not any(BACKWARD_KERNEL in name for name in names), (
-                f"{label}: launched {names}"
-            )
+            assert names and not main_kernels(names), f"{label}: launched {names}"
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         names = kernels_launched(*make_inputs((2,), 100, 100, 64, torch.bfloat16, generator))
     finally:
         torch.use_deterministic_algorithms(previous)
-    assert names and not any(BACKWARD_KERNEL in name for name in names), (
-        f"deterministic mode: launched {names}"
-    )
+    assert names and not main_kernels(names), f"deterministic mode: launched {names}"
+
+
+def test_hopper_images_hold_the_wgmma_backward(fixed):
+    """As test_flash_forward.py's test of the forward: a build with code for compute capability
+    9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all four
+    instances (two dtypes by two head dims)."""
+    from fixed import _build
+
+    cuobjdump = find_cuda_tool("cuobjdump")
+    if cuobjdump is None:
+        pytest.skip("cuobjdump is not on PATH (nor in CUDA_HOME/bin)")
+    library = str(_build.load_library())
+    images = subprocess.run(
+        [cuobjdump, "--list-elf", library], capture_output=True, text=True, check=True
+    ).stdout
+    if ".sm_90" not in images:
+        pytest.skip(f"this build has no image for compute capability 9.0:\n{images}")
+    assert ".sm_90a." in images and ".sm_90." not in images, images
+    sass = subprocess.run(
+        [cuobjdump, "--dump-sass", "--gpu-architecture", "sm_90a", library],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    functions = [
+        part for part in sass.split("Function : ")[1:] if SM90_BACKWARD_KERNEL in part[:300]
+    ]
+    assert len(functions) == 4, f"expected {SM90_BACKWARD_KERNEL} x 4 instances: {len(functions)}"
+    for function in functions:
+        assert "HGMMA" in function, f"no HGMMA in {function.splitlines()[0]}"
 
 
 # --------------------------------------------------------------------------- compute-sanitizer

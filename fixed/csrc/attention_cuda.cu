@@ -5,9 +5,10 @@
 // The kernels and their launchers are in kernels/ (its README says which file holds what):
 // attention_kernels.cuh (generic) and, for half and bfloat16 on tensor cores,
 // flash_forward.cuh and flash_backward.cuh (mma.sync, sm_80 and later) and
-// flash_forward_sm90.cuh (wgmma, Hopper); no torch includes there, so nvcc can compile-check
-// them without a GPU. Masks, grouped-query heads, Ev != E and dropout run on the generic kernels;
-// the tensor-core ones decline them.
+// flash_forward_sm90.cuh and flash_backward_sm90.cuh (wgmma, Hopper; the latter's
+// launch_flash_backward tries the wgmma backward, then flash_backward.cuh's); no torch includes
+// there, so nvcc can compile-check them without a GPU. Masks, grouped-query heads, Ev != E and
+// dropout run on the generic kernels; the tensor-core ones decline them.
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -27,7 +28,7 @@
 
 #include "kernels/attention_kernels.cuh"
 #include "checks.h"
-#include "kernels/flash_backward.cuh"
+#include "kernels/flash_backward_sm90.cuh"
 #include "kernels/flash_forward.cuh"
 #include "kernels/flash_forward_sm90.cuh"
 

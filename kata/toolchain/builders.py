@@ -188,11 +188,13 @@ PURE_CUDA_SOURCES = (
     FIXED_DIR / "csrc" / "kernels" / "flash_backward.cuh",
     FIXED_DIR / "csrc" / "kernels" / "wgmma.cuh",
     FIXED_DIR / "csrc" / "kernels" / "flash_forward_sm90.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "flash_backward_sm90.cuh",
 )
 # The ones with code only an sm_90a image has (wgmma): compiled for sm_90a as well.
 SM90A_CUDA_SOURCES = (
     FIXED_DIR / "csrc" / "kernels" / "wgmma.cuh",
     FIXED_DIR / "csrc" / "kernels" / "flash_forward_sm90.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "flash_backward_sm90.cuh",
 )
 
 

@@ -3,7 +3,9 @@
 // returns false, launching nothing, for every case it does not cover (float32, other head dims,
 // Ev != E, GQA, a mask, dropout, tensors not 16-byte aligned, no sm_80+ image for the device);
 // the caller then runs the generic kernels of attention_kernels.cuh, which compute the same
-// gradients.
+// gradients. On Hopper (compute capability 9.0) flash_backward_sm90.cuh (wgmma) is tried
+// first; it reuses the prologue and dq kernels here, and its main kernel runs
+// flash_backward_cta below in images without wgmma.
 //
 // No torch includes: CI compile-checks it without a GPU (kata/toolchain/builders.py). The fragment
 // layouts of mma.m16n8k16 and ldmatrix are spelled out in flash_forward.cuh's header comment.
@@ -661,17 +663,20 @@ inline int64_t backward_rows(const AttentionProblem& p) {
 }  // namespace detail
 }  // namespace flash
 
-// The glue's entry points, one overload per dtype (non-templates, so that nvcc's compile check
-// of this header instantiates every kernel). Problem: batch, len_q and len_kv > 0.
+// The entry points, one overload per dtype (non-templates, so that nvcc's compile check of this
+// header instantiates every kernel). Problem: batch, len_q and len_kv > 0. The glue calls
+// flash_backward_rows and flash_backward_sm90.cuh's launch_flash_backward, which tries the
+// wgmma kernel on compute capability 9.0 and then launch_flash_backward_mma_sync (the same
+// workspace rows serve both: their query blocks are the same).
 //
 // flash_backward_rows: 0 when the tensor-core backward does not cover the case (dtype, head
 // dim, or not the plain problem: attention_kernels.cuh's is_plain); otherwise the rows (per
 // batch item) of the float32 workspace the caller allocates before launch_flash_backward:
 // lse_log2 and delta (B, rows), dq_accum (B, rows, D), no zeroing needed.
 //
-// launch_flash_backward: contiguous (B, L, D) dout, q, out, dq; (B, S, D) k, v, dk, dv; lse
-// (B, L) float32 from the forward. Returns false, having launched nothing, when the case is not
-// covered (then the caller runs the generic backward kernels); true after the launches on
+// launch_flash_backward_mma_sync: contiguous (B, L, D) dout, q, out, dq; (B, S, D) k, v, dk,
+// dv; lse (B, L) float32 from the forward. Returns false, having launched nothing, when the case
+// is not covered (then the caller runs the generic backward kernels); true after the launches on
 // `stream`, which the caller then checks. Throws std::runtime_error if the shared-memory opt-in
 // fails, as the generic launchers do.
 inline int64_t flash_backward_rows(const float*, const AttentionProblem&) {
@@ -684,25 +689,27 @@ inline int64_t flash_backward_rows(const __nv_bfloat16*, const AttentionProblem&
   return flash::detail::backward_rows(p);
 }
 
-inline bool launch_flash_backward(const float*, const float*, const float*, const float*,
-                                  const float*, const float*, float*, float*, float*, float*,
-                                  float*, float*, const AttentionProblem&, cudaStream_t) {
+inline bool launch_flash_backward_mma_sync(const float*, const float*, const float*,
+                                           const float*, const float*, const float*, float*,
+                                           float*, float*, float*, float*, float*,
+                                           const AttentionProblem&, cudaStream_t) {
   return false;
 }
-inline bool launch_flash_backward(const __half* dout, const __half* q, const __half* k,
-                                  const __half* v, const __half* out, const float* lse,
-                                  float* lse_log2, float* delta, float* dq_accum, __half* dq,
-                                  __half* dk, __half* dv, const AttentionProblem& p,
-                                  cudaStream_t stream) {
+inline bool launch_flash_backward_mma_sync(const __half* dout, const __half* q, const __half* k,
+                                           const __half* v, const __half* out, const float* lse,
+                                           float* lse_log2, float* delta, float* dq_accum,
+                                           __half* dq, __half* dk, __half* dv,
+                                           const AttentionProblem& p, cudaStream_t stream) {
   return flash::detail::launch_backward(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
                                         dk, dv, p, stream);
 }
-inline bool launch_flash_backward(const __nv_bfloat16* dout, const __nv_bfloat16* q,
-                                  const __nv_bfloat16* k, const __nv_bfloat16* v,
-                                  const __nv_bfloat16* out, const float* lse, float* lse_log2,
-                                  float* delta, float* dq_accum, __nv_bfloat16* dq,
-                                  __nv_bfloat16* dk, __nv_bfloat16* dv,
-                                  const AttentionProblem& p, cudaStream_t stream) {
+inline bool launch_flash_backward_mma_sync(const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                                           const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                           const __nv_bfloat16* out, const float* lse,
+                                           float* lse_log2, float* delta, float* dq_accum,
+                                           __nv_bfloat16* dq, __nv_bfloat16* dk,
+                                           __nv_bfloat16* dv, const AttentionProblem& p,
+                                           cudaStream_t stream) {
   return flash::detail::launch_backward(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
                                         dk, dv, p, stream);
 }

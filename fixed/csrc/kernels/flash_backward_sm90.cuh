@@ -1,0 +1,563 @@
+// The backward for Hopper (compute capability 9.0), bf16/fp16, head dims 64 and 128: the
+// algorithm of flash_backward.cuh (transposed scores with keys as the M dimension, P from the
+// forward's lse, dK and dV of a 128-key block in registers, dQ by float32 atomics into the same
+// workspace; the same prologue and dq kernels, the same causal convention, tails and work order)
+// with all five products on warpgroup MMA (wgmma.mma_async, sm_90a; wrappers and operand layouts
+// in wgmma.cuh). A wgmma reads its shared-memory operands through descriptors, without the
+// ldmatrix round trips through registers that bound the mma.sync kernel (perf/NOTES.md, v2, v7,
+// v8). DRAFT: compile-checked only; nothing in this file has run on a GPU (perf/NOTES.md, v13).
+//
+// launch_flash_backward at the bottom is the glue's entry point: on a device of compute
+// capability 9.0 it takes bf16/fp16 at head dim 64 or 128 (the plain problem, 16-byte aligned
+// tensors) on this kernel, otherwise it calls flash_backward.cuh's launch_flash_backward_mma_sync
+// (which declines what neither covers: the caller then runs the generic kernels). The wgmma body
+// exists only in an sm_90a image (fixed/_build.py compiles sm_90a wherever the arch list has
+// 9.0); in any other image this kernel runs flash_backward.cuh's mma.sync body
+// (flash_backward_cta) with that file's tiling of the same CTA shape (256 threads, 128 keys, the
+// same query blocks): slower, never wrong, and the launcher needs no way to tell images apart.
+//
+// No torch includes: CI compile-checks this header for sm_90 and sm_90a without a GPU.
+//
+// The gradients are flash_backward.cuh's: P_ij = exp(scale q_i.k_j - lse_i), dP_ij = dO_i.v_j,
+// delta_i = dO_i.O_i, dS_ij = P_ij (dP_ij - delta_i); dV_j = sum_i P_ij dO_i,
+// dK_j = scale sum_i dS_ij q_i, dQ_i = scale sum_j dS_ij k_j (the scale of dQ applied by the dq
+// kernel, that of dK in the epilogue here, as there).
+//
+// ---------------------------------------------------------------------------------- tiling
+// One CTA per (batch item, block of kBlockN = 128 keys): 2 warpgroups (8 warps, 256 threads);
+// warpgroup wg owns keys [64 wg, 64 wg + 64) of the block (wgmma's M = 64), its warp w (0..3)
+// keys 16 w .. 16 w + 15 of those, so warp `warp` of the CTA owns keys key_row0 = 16 warp ...
+// The loop runs over the query blocks of kBlockM rows that can see the keys, flash_backward.cuh's
+// blocks (D = 64: kBlockM = 128; D = 128: 64), so that the workspace rows (flash_backward_rows)
+// serve both kernels. Per query block m0 and warpgroup, M = R = kBlockM queries:
+//   1. S^T (64 keys x R, f32, R / 2 per thread) = K Q^T: D / 16 wgmma m64nRk16, A = the
+//      warpgroup's 64 rows of K, B = Q, both K-major in shared memory (the head dim contiguous).
+//   2. dP^T (64 x R) = V dO^T: the same with V and dO. Committed as a second group: P^T is
+//      computed while dP^T is in flight.
+//   3. P^T = 2^(S^T scale log2(e) - lse log2(e)) (0 where causal hides the pair), in place.
+//      Accumulator element s[4 j + e] (wgmma.cuh) is key key_row0 + g + 8 (e >> 1), query
+//      m0 + 8 j + 2 t + (e & 1); lse and delta of that query column come from shared memory.
+//   4. dV (64 x D, f32, D / 2 per thread) += P^T dO: R / 16 wgmma m64nDk16, A = P^T from
+//      registers: the fragment of k-step kk (queries 16 kk .. + 15) is S^T's n-tiles 2 kk and
+//      2 kk + 1 packed in pairs, p_frag[kk][r] = pack(s[8 kk + 2 r], s[8 kk + 2 r + 1]) (the
+//      identity the forward uses for P V: C fragment rows g, g + 8 and column pairs 2 t, 8 + 2 t
+//      are the A fragment's a0..a3); B = dO MN-major (the head dim, N, contiguous; k-step kk
+//      starts 16 rows further). Issued before dS^T is computed (kEarlyDv, the default at both
+//      head dims), or after it (kEarlyDv false: the A/B to measure).
+//   5. dS^T = P^T (dP^T - delta), in place in dP^T's registers, packed as P^T was.
+//   6. dS^T (bf16/fp16) to shared memory: the packed pair of rows key_row0 + g + 8 h, query
+//      columns 8 j + 2 t, + 1 is one 4-byte store, j = 2 kk + (r >> 1), h = r & 1.
+//      fence.proxy.async, then:
+//   7. dK (64 x D) += dS^T Q: as dV, A = the packed dS^T registers, B = Q MN-major.
+//   8. Barrier (both warpgroups' dS^T rows are in shared memory), then dQ = dS K, one 64 x 64
+//      tile per warpgroup (D = 64, R = 128: warpgroup wg takes queries 64 wg .., all of D;
+//      D = 128, R = 64: both take the 64 queries, warpgroup wg head dims 64 wg ..): 8 wgmma
+//      m64n64k16 over the 128 keys, A = dS read from the stored dS^T ([key][query], query
+//      contiguous) as an MN-major A (imm-trans-a), B = K ([key][d]) MN-major (imm-trans-b).
+//   9. Wait for all of it; dQ's f32 accumulator to dq_accum by red.global.add.v2.f32 (the same
+//      atomics as flash_backward.cuh: element dq[4 j + e] is query m0 + 64 (row group) +
+//      16 (warp & 3) + g + 8 (e >> 1), head dim 64 (column group) + 8 j + 2 t + (e & 1)).
+// Two barriers per query block, as flash_backward.cuh: the one at the top (the block's Q, dO,
+// lse, delta have landed and are fenced for the async proxy; every warpgroup has waited for its
+// previous wgmmas, so the other buffers and the dS^T tile are free) and the one before dQ. No
+// producer warp, TMA or warpgroup ping-pong (FlashAttention-3 has them): each product is waited
+// for before its result is used, except the overlaps named in 2 and 4.
+//
+// Causal (top-left, key j visible to query i when j <= i): the loop starts at the query block
+// holding the block's first key, as flash_backward.cuh; per warp, only query blocks with
+// m0 < n0 + key_row0 + 15 (some query of the block before some key of the warp) are masked,
+// element by element: query m0 + 8 j + 2 t + (e & 1) < key n0 + key_row0 + g + 8 (e >> 1) gives
+// P = 0, hence dS = 0. Key blocks wholly past the last query row run no loop and write zero dK
+// and dV. Work items go out longest first over the whole grid where flash_common.cuh's
+// longest_first_pays says so, otherwise batch-major: flash_backward.cuh's order.
+// Tails, zero-filled in shared memory (nothing past a tensor's end is read): query rows past L
+// have lse +inf in the padded workspace, so P = dS = 0; key rows past S have finite P and dS but
+// their dK, dV rows are never stored and their dS meets zero rows of K in dQ.
+//
+// Shared memory, 128-byte swizzle (wgmma.cuh; flash_forward_sm90.cuh's sw128_offset): every tile
+// is stored as [columns / 64][rows][64] (128-byte rows, 16-byte chunk c of row r at c ^ (r & 7)):
+//   K, V [128 keys][D]      2 x 16 KB (D = 64), 2 x 32 KB (D = 128)
+//   Q, dO [R][D], 2 buffers 4 x 16 KB (both)
+//   dS^T [128 keys][R]      32 KB (D = 64), 16 KB (D = 128)
+//   lse, delta [R] f32, 2 buffers: 2 KB, 1 KB; + 1 KB to align the base to 1024 bytes.
+//   D = 64: 131 KB, D = 128: 146 KB. One CTA per SM (as flash_backward.cuh: 8 warps per SM).
+// Q, dO, lse and delta are double-buffered with cp.async exactly as in flash_backward.cuh.
+// Registers (nvcc 13.0, -Xptxas -v, sm_90a, both dtypes): 254 (D = 64) and 255 (D = 128) per
+// thread, no spill (250 at both with kEarlyDv false); one CTA of 256 threads per SM. Per thread:
+// dK, dV 2 x D / 2 f32 accumulators; S^T, dP^T 2 x R / 2; dQ 32; the packed P^T and dS^T
+// fragments 2 x R / 4. The sm_80 and sm_90 images' body is flash_backward.cuh's, SASS for SASS.
+// Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
+#ifndef FIXED_FLASH_BACKWARD_SM90_CUH_
+#define FIXED_FLASH_BACKWARD_SM90_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "attention_kernels.cuh"   // AttentionProblem, ceil_div, min64, is_plain, ...
+#include "flash_backward.cuh"      // prologue and dq kernels, flash_backward_cta, tilings
+#include "flash_common.cuh"        // cp.async, exp2, pack2, red.global.add, ...
+#include "flash_forward_sm90.cuh"  // sw128_offset, load_tile_sw128, current_device_is_sm90
+#include "wgmma.cuh"               // wgmma.mma_async and descriptors
+
+namespace fixed_attention {
+namespace kernels {
+namespace flash {
+namespace sm90 {
+
+// The CTA's shape for head dim 64 or 128.
+template <int kHeadDim_>
+struct BackwardTile {
+  static constexpr int kHeadDim = kHeadDim_;
+  // flash_backward.cuh's tiling of the same CTA shape: the mma.sync body of other images, and
+  // the tiling of the shared prologue and dq kernels and of the workspace rows.
+  using Fallback = std::conditional_t<kHeadDim == 64, BackwardTiling64, BackwardTiling128>;
+  static constexpr int kThreads = 256;                // 2 warpgroups
+  static constexpr int kBlockN = 128;                 // keys per CTA, 64 per warpgroup
+  static constexpr int kBlockM = Fallback::kBlockM;   // queries per loop iteration (R)
+  static constexpr int kChunks = kHeadDim / 8;        // 16-byte chunks per row of Q, K, V, dO
+  static constexpr int kQTiles = kBlockM / 8;         // 8-query n-tiles of S^T, dP^T
+  static constexpr int kQSteps = kBlockM / 16;        // k-steps of dV, dK (queries)
+  static constexpr int kDTiles = kHeadDim / 8;        // 8-wide n-tiles of dV, dK
+  static constexpr int kKeySteps = kBlockN / 16;      // k-steps of dQ (keys)
+  // dQ: one 64 x 64 tile per warpgroup: kBlockM / 64 row groups x kHeadDim / 64 column groups.
+  static constexpr int kDqRowGroups = kBlockM / 64;
+  // dV += P^T dO issued before dS^T is computed (overlapping it), at the price of holding the
+  // P^T fragments and S^T together with dP^T. ptxas (nvcc 13.0) fits both orders at both head
+  // dims without spills (perf/NOTES.md, v13); false is the A/B to run on a GPU.
+  static constexpr bool kEarlyDv = true;
+  static constexpr uint32_t kRowBytes = 128;                     // one 64-element run
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;   // K or V
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;    // one buffer of Q or dO
+  static constexpr uint32_t kDsBytes = kBlockN * kBlockM * 2;    // dS^T
+  static constexpr uint32_t kStatsBytes = 2 * kBlockM * 4;       // one buffer of lse, delta
+  static constexpr std::size_t kWgmmaSmemBytes =
+      2 * kKVBytes + 4 * kQBytes + kDsBytes + 2 * kStatsBytes + 1024;
+  static constexpr std::size_t kSmemBytes = kWgmmaSmemBytes > Fallback::kSmemBytes
+                                                ? kWgmmaSmemBytes
+                                                : Fallback::kSmemBytes;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element runs per row");
+  static_assert(kBlockM == 64 || kBlockM == 128, "wgmma N of S^T: 64 or 128 queries");
+  static_assert(kDqRowGroups * (kHeadDim / 64) == 2, "one 64 x 64 dQ tile per warpgroup");
+  static_assert(Fallback::kThreads == kThreads && Fallback::kBlockN == kBlockN,
+                "the mma.sync body runs on the same grid and block");
+  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
+};
+
+// S^T or dP^T: D (64 x kBlockM) = A B over one k-step, A and B K-major.
+template <typename T, int kBlockM>
+__device__ __forceinline__ void wgmma_scores(float (&d)[kBlockM / 2], uint64_t desc_a,
+                                             uint64_t desc_b, bool accumulate) {
+  if constexpr (kBlockM == 128) {
+    wgmma_m64n128k16_ss<T>(d, desc_a, desc_b, accumulate);
+  } else {
+    wgmma_m64n64k16_ss<T>(d, desc_a, desc_b, accumulate);
+  }
+}
+
+// dV or dK: D (64 x kHeadDim) += A B over one k-step, A from registers, B MN-major.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void wgmma_grad(float (&d)[kHeadDim / 2], const uint32_t (&a)[4],
+                                           uint64_t desc_b) {
+  if constexpr (kHeadDim == 128) {
+    wgmma_m64n128k16_rs<T>(d, a, desc_b);
+  } else {
+    wgmma_m64n64k16_rs<T>(d, a, desc_b);
+  }
+}
+
+// The wgmma body: every work item of the grid-stride loop (sm_90a images only).
+template <typename T, class F>
+__device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,             // (B, L, D)
+                                                   const T* __restrict__ k,             // (B, S, D)
+                                                   const T* __restrict__ v,             // (B, S, D)
+                                                   const T* __restrict__ dout,          // (B, L, D)
+                                                   const float* __restrict__ lse_log2,  // (B, Lp)
+                                                   const float* __restrict__ delta,     // (B, Lp)
+                                                   float* __restrict__ dq_accum,  // (B, Lp, D)
+                                                   T* __restrict__ dk,            // (B, S, D)
+                                                   T* __restrict__ dv,            // (B, S, D)
+                                                   const AttentionProblem p,
+                                                   const int64_t rows_padded,
+                                                   const bool longest_first) {
+  constexpr int D = F::kHeadDim, BM = F::kBlockM, BN = F::kBlockN;
+  constexpr int kQTiles = F::kQTiles, kQSteps = F::kQSteps, kDTiles = F::kDTiles;
+  constexpr uint32_t kRowBytes = F::kRowBytes;
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ uint4 sm90_bwd_smem[];
+  const uint32_t smem_base = smem_addr(sm90_bwd_smem);
+  const uint32_t k_tile = (smem_base + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  const uint32_t v_tile = k_tile + F::kKVBytes;
+  const uint32_t q_tiles = v_tile + F::kKVBytes;       // 2 buffers of kQBytes
+  const uint32_t do_tiles = q_tiles + 2 * F::kQBytes;  // 2 buffers of kQBytes
+  const uint32_t ds_tile = do_tiles + 2 * F::kQBytes;  // [BM / 64][BN][64]
+  const uint32_t stats = ds_tile + F::kDsBytes;        // 2 x (lse [BM], delta [BM])
+  // The K tile through a generic pointer, for the epilogue's 16-byte reads.
+  const unsigned char* const kv_bytes =
+      reinterpret_cast<const unsigned char*>(sm90_bwd_smem) + (k_tile - smem_base);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int warpgroup = warp >> 2;
+  const int g = lane >> 2;  // fragment row (groupID)
+  const int t = lane & 3;   // fragment column pair (threadID_in_group)
+  const int key_row0 = warp * 16;  // = 64 warpgroup + 16 (warp & 3): this warp's first key
+  // This warpgroup's 64 rows of K and V (8 swizzle atoms in each 64-column run).
+  const uint32_t k_rows = k_tile + static_cast<uint32_t>(warpgroup * 64) * kRowBytes;
+  const uint32_t v_rows = v_tile + static_cast<uint32_t>(warpgroup * 64) * kRowBytes;
+  // dQ: this warpgroup's 64 x 64 tile: queries 64 dq_row .., head dims 64 dq_col ..
+  const int dq_row = F::kDqRowGroups == 2 ? warpgroup : 0;
+  const int dq_col = F::kDqRowGroups == 2 ? 0 : warpgroup;
+
+  const int64_t L = p.len_q, S = p.len_kv;
+  const int64_t key_blocks = ceil_div(S, BN);
+  const float scale_log2 = p.scale * kLog2e;  // any sign; 0 gives P = 2^-lse, as the mma.sync body
+
+  for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
+    const int64_t b = longest_first ? item % p.batch : item / key_blocks;
+    const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
+    const int64_t kv_b = b * S * D;
+    // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
+    const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
+    const int n_iters = m_begin < L ? static_cast<int>(ceil_div(L - m_begin, BM)) : 0;
+
+    // K, V of this key block and Q, dO, lse, delta of the first query block: one group.
+    load_tile_sw128<F, BN>(k_tile, k + kv_b + n0 * D, S - n0, tid);
+    load_tile_sw128<F, BN>(v_tile, v + kv_b + n0 * D, S - n0, tid);
+    if (n_iters > 0) {
+      load_tile_sw128<F, BM>(q_tiles, q + (b * L + m_begin) * D, L - m_begin, tid);
+      load_tile_sw128<F, BM>(do_tiles, dout + (b * L + m_begin) * D, L - m_begin, tid);
+      load_row_stats<BM>(stats, stats + BM * 4, lse_log2 + b * rows_padded + m_begin,
+                         delta + b * rows_padded + m_begin, tid);
+    }
+    cp_async_commit();
+
+    float dk_acc[kDTiles * 4];
+    float dv_acc[kDTiles * 4];
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) {
+      dk_acc[i] = 0.f;
+      dv_acc[i] = 0.f;
+    }
+
+#pragma unroll 1
+    for (int it = 0; it < n_iters; ++it) {
+      const int64_t m0 = m_begin + static_cast<int64_t>(it) * BM;
+      const uint32_t buf = static_cast<uint32_t>(it & 1);
+      const uint32_t q_buf = q_tiles + buf * F::kQBytes;
+      const uint32_t do_buf = do_tiles + buf * F::kQBytes;
+      const uint32_t lse_buf = stats + buf * F::kStatsBytes;
+      const uint32_t delta_buf = lse_buf + BM * 4;
+      cp_async_wait<0>();          // this thread's copies of block `it` (and K, V) have landed
+      fence_proxy_async_shared();  // ... and its copies and zero stores are visible to wgmma
+      __syncthreads();  // everyone's have; every warpgroup has waited for its wgmmas of it - 1
+      if (it + 1 < n_iters) {
+        const int64_t next = m0 + BM;
+        const uint32_t other = (buf ^ 1u) * F::kQBytes;
+        const uint32_t other_stats = stats + (buf ^ 1u) * F::kStatsBytes;
+        load_tile_sw128<F, BM>(q_tiles + other, q + (b * L + next) * D, L - next, tid);
+        load_tile_sw128<F, BM>(do_tiles + other, dout + (b * L + next) * D, L - next, tid);
+        load_row_stats<BM>(other_stats, other_stats + BM * 4, lse_log2 + b * rows_padded + next,
+                           delta + b * rows_padded + next, tid);
+      }
+      cp_async_commit();  // possibly empty: keeps the group count uniform
+
+      // 1, 2: S^T = K Q^T, then dP^T = V dO^T, two groups. k-step ks covers head dims
+      // 16 ks .. + 15: run ks / 4 of the tiles, 32 bytes into each 128-byte row.
+      float s[kQTiles * 4];
+      float dp[kQTiles * 4];
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t run = static_cast<uint32_t>(ks >> 2);
+        const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
+        const uint64_t desc_k = sw128_descriptor(k_rows + run * BN * kRowBytes + step, 16, 1024);
+        const uint64_t desc_q = sw128_descriptor(q_buf + run * BM * kRowBytes + step, 16, 1024);
+        wgmma_scores<T, BM>(s, desc_k, desc_q, ks > 0);
+      }
+      wgmma_commit_group();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t run = static_cast<uint32_t>(ks >> 2);
+        const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
+        const uint64_t desc_v = sw128_descriptor(v_rows + run * BN * kRowBytes + step, 16, 1024);
+        const uint64_t desc_o = sw128_descriptor(do_buf + run * BM * kRowBytes + step, 16, 1024);
+        wgmma_scores<T, BM>(dp, desc_v, desc_o, ks > 0);
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<1>();  // S^T has landed; dP^T may still be in flight
+      wgmma_fence_operands(s);
+
+      // 3: P^T in place. Causal masks only where this warp's keys reach past the block's first
+      // query; diag = query - key at the warp's element (0, 0), |diag| < BM + BN there.
+      const bool diagonal = p.causal && m0 < n0 + key_row0 + 15;  // uniform over the warp
+      const int diag = diagonal ? static_cast<int>(m0 - n0) - key_row0 : 0;
+#pragma unroll
+      for (int j = 0; j < kQTiles; ++j) {
+        const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * j + 2 * t) * 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float row_lse = (e & 1) ? lse2.y : lse2.x;
+          float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, -row_lse));
+          if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
+            prob = 0.f;  // query before key
+          }
+          s[4 * j + e] = prob;
+        }
+      }
+      // P^T's A fragments (queries 16 kk .. + 15 per k-step).
+      uint32_t p_frag[kQSteps][4];
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          p_frag[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        }
+      }
+
+      // 4: dV += P^T dO. dO is MN-major: LBO = the distance between the 64-column runs (unused
+      // at D = 64), SBO = between 8-row atoms; k-step kk starts 16 rows further.
+      if constexpr (F::kEarlyDv) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kQSteps; ++kk) {
+          const uint64_t desc_o =
+              sw128_descriptor(do_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
+          wgmma_grad<T, D>(dv_acc, p_frag[kk], desc_o);
+        }
+        wgmma_commit_group();
+        wgmma_wait_group<1>();  // dP^T has landed (dV may still be in flight)
+      } else {
+        wgmma_wait_group<0>();
+      }
+      wgmma_fence_operands(dp);
+
+      // 5: dS^T = P^T (dP^T - delta) in place, and its A fragments.
+#pragma unroll
+      for (int j = 0; j < kQTiles; ++j) {
+        const float2 dl = ld_shared_f32x2(delta_buf + (8 * j + 2 * t) * 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float row_delta = (e & 1) ? dl.y : dl.x;
+          dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - row_delta);
+        }
+      }
+      uint32_t ds_frag[kQSteps][4];
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          ds_frag[kk][r] = pack2<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+        }
+      }
+
+      // 6: dS^T to shared memory (before any wgmma reads ds_frag: registers an in-flight wgmma
+      // reads must not be accessed). Key row key_row0 + g + 8 (r & 1), query chunk
+      // 2 kk + (r >> 1), columns 2 t, + 1 of it.
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const uint32_t offset =
+              sw128_offset<BN>(key_row0 + g + 8 * (r & 1), 2 * kk + (r >> 1)) + 4 * t;
+          st_shared_b32(ds_tile + offset, ds_frag[kk][r]);
+        }
+      }
+      fence_proxy_async_shared();  // this thread's dS^T stores, to the wgmmas of dQ
+
+      // 4 (late), 7: dV += P^T dO where not issued yet, dK += dS^T Q.
+      wgmma_fence();
+      if constexpr (!F::kEarlyDv) {
+#pragma unroll
+        for (int kk = 0; kk < kQSteps; ++kk) {
+          const uint64_t desc_o =
+              sw128_descriptor(do_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
+          wgmma_grad<T, D>(dv_acc, p_frag[kk], desc_o);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+        const uint64_t desc_q =
+            sw128_descriptor(q_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
+        wgmma_grad<T, D>(dk_acc, ds_frag[kk], desc_q);
+      }
+      wgmma_commit_group();
+
+      // 8: dQ = dS K, once both warpgroups' dS^T is in shared memory. A: queries 64 dq_row ..
+      // of the stored dS^T, MN-major (k-step kk: keys 16 kk .. + 15, 16 rows further; LBO
+      // unused at M = 64). B: head dims 64 dq_col .. of K, MN-major.
+      __syncthreads();
+      float dq[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < F::kKeySteps; ++kk) {
+        const uint64_t desc_ds = sw128_descriptor(
+            ds_tile + dq_row * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes, 1024);
+        const uint64_t desc_k = sw128_descriptor(
+            k_tile + dq_col * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes, 1024);
+        wgmma_m64n64k16_ss_mn<T>(dq, desc_ds, desc_k, kk > 0);
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<0>();  // dV, dK and dQ; p_frag and ds_frag are free again
+      wgmma_fence_operands(dv_acc);
+      wgmma_fence_operands(dk_acc);
+      wgmma_fence_operands(dq);
+
+      // 9: dQ rows m0 + 64 dq_row + 16 (warp & 3) + g (+ 8), columns 64 dq_col + 8 j + 2 t.
+      float* const dq_rows = dq_accum +
+                             (b * rows_padded + m0 + 64 * dq_row + 16 * (warp & 3) + g) * D +
+                             64 * dq_col + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          red_add_f32x2(dq_rows + 8 * h * D + 8 * j, dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
+        }
+      }
+    }
+
+    // Epilogue: dK (times scale) and dV through this warp's own rows of the K and V tiles, then
+    // 16-byte stores of whole rows. The barrier: no copies in flight, every warpgroup done with
+    // K (dQ reads all of its rows; each waited for its wgmmas above).
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = key_row0 + g + 8 * h;  // row & 7 == g
+#pragma unroll
+      for (int j = 0; j < kDTiles; ++j) {
+        const uint32_t offset = sw128_offset<BN>(row, j) + 4 * t;  // columns 8 j + 2 t, + 1
+        st_shared_b32(k_tile + offset, pack2<T>(dk_acc[4 * j + 2 * h] * p.scale,
+                                                dk_acc[4 * j + 2 * h + 1] * p.scale));
+        st_shared_b32(v_tile + offset, pack2<T>(dv_acc[4 * j + 2 * h], dv_acc[4 * j + 2 * h + 1]));
+      }
+    }
+    __syncwarp();
+    constexpr int kRowsPerStep = 32 / F::kChunks;
+#pragma unroll
+    for (int step = 0; step < 16 / kRowsPerStep; ++step) {
+      const int row = key_row0 + step * kRowsPerStep + lane / F::kChunks;
+      const int chunk = lane % F::kChunks;
+      const int64_t key = n0 + row;
+      const uint32_t offset = sw128_offset<BN>(row, chunk);
+      if (key < S) {
+        const int64_t to = kv_b + key * D + chunk * 8;
+        *reinterpret_cast<uint4*>(dk + to) = *reinterpret_cast<const uint4*>(kv_bytes + offset);
+        *reinterpret_cast<uint4*>(dv + to) =
+            *reinterpret_cast<const uint4*>(kv_bytes + F::kKVBytes + offset);
+      }
+    }
+    __syncthreads();  // the next work item's copies overwrite the K and V tiles
+  }
+}
+
+template <typename T, class F>
+__global__ void __launch_bounds__(F::kThreads, 1)
+    flash_backward_sm90_kernel(const T* __restrict__ q,             // (B, L, D)
+                               const T* __restrict__ k,             // (B, S, D)
+                               const T* __restrict__ v,             // (B, S, D)
+                               const T* __restrict__ dout,          // (B, L, D)
+                               const float* __restrict__ lse_log2,  // (B, Lp)
+                               const float* __restrict__ delta,     // (B, Lp)
+                               float* __restrict__ dq_accum,        // (B, Lp, D)
+                               T* __restrict__ dk,                  // (B, S, D)
+                               T* __restrict__ dv,                  // (B, S, D)
+                               const AttentionProblem p, const int64_t rows_padded,
+                               const bool longest_first) {  // causal work order
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  wgmma_backward_cta<T, F>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows_padded,
+                           longest_first);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  flash_backward_cta<T, typename F::Fallback>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv,
+                                              p, rows_padded, longest_first);
+#endif
+}
+
+// Launches the three kernels (prologue, this main kernel, dq) on `stream`, or returns false
+// having launched nothing when no sm_80+ image of the kernel exists for the device.
+template <typename T, class F>
+bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
+                     const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
+                     T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
+  auto* kernel = flash_backward_sm90_kernel<T, F>;
+  if (!detail::has_tensor_core_image(kernel)) {
+    return false;
+  }
+  detail::backward<T, typename F::Fallback>(kernel, F::kSmemBytes, dout, q, k, v, out, lse,
+                                            lse_log2, delta, dq_accum, dq, dk, dv, p, stream);
+  return true;
+}
+
+// The wgmma backward where it covers the case: bf16/fp16 (T), head dim 64 or 128, the plain
+// problem, compute capability 9.0, 16-byte aligned tensors. Otherwise false, nothing launched.
+// The workspace: flash_backward_rows's rows (the query blocks are flash_backward.cuh's).
+template <typename T>
+bool backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,
+              float* lse_log2, float* delta, float* dq_accum, T* dq, T* dk, T* dv,
+              const AttentionProblem& p, cudaStream_t stream) {
+  if (!is_plain(p) || (p.head_dim != 64 && p.head_dim != 128) || !current_device_is_sm90()) {
+    return false;
+  }
+  for (const void* pointer : {static_cast<const void*>(dout), static_cast<const void*>(q),
+                              static_cast<const void*>(k), static_cast<const void*>(v),
+                              static_cast<const void*>(out), static_cast<const void*>(dq),
+                              static_cast<const void*>(dk), static_cast<const void*>(dv)}) {
+    if (!detail::aligned16(pointer)) {
+      return false;  // 16-byte copies and stores
+    }
+  }
+  return p.head_dim == 64
+             ? launch_backward<T, BackwardTile<64>>(dout, q, k, v, out, lse, lse_log2, delta,
+                                                    dq_accum, dq, dk, dv, p, stream)
+             : launch_backward<T, BackwardTile<128>>(dout, q, k, v, out, lse, lse_log2, delta,
+                                                     dq_accum, dq, dk, dv, p, stream);
+}
+
+}  // namespace sm90
+}  // namespace flash
+
+// The glue's entry point, one overload per dtype (non-templates, so that nvcc's compile check of
+// this header instantiates every kernel): the arguments and contract of flash_backward.cuh's
+// launch_flash_backward_mma_sync, whose workspace (flash_backward_rows) it takes. On compute
+// capability 9.0 the wgmma kernel, otherwise (or where it declines) the mma.sync one; false,
+// having launched nothing, where neither covers the case.
+inline bool launch_flash_backward(const float* dout, const float* q, const float* k,
+                                  const float* v, const float* out, const float* lse,
+                                  float* lse_log2, float* delta, float* dq_accum, float* dq,
+                                  float* dk, float* dv, const AttentionProblem& p,
+                                  cudaStream_t stream) {
+  return launch_flash_backward_mma_sync(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
+                                        dk, dv, p, stream);  // false: float32 stays generic
+}
+inline bool launch_flash_backward(const __half* dout, const __half* q, const __half* k,
+                                  const __half* v, const __half* out, const float* lse,
+                                  float* lse_log2, float* delta, float* dq_accum, __half* dq,
+                                  __half* dk, __half* dv, const AttentionProblem& p,
+                                  cudaStream_t stream) {
+  return flash::sm90::backward(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq, dk, dv,
+                               p, stream) ||
+         launch_flash_backward_mma_sync(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
+                                        dk, dv, p, stream);
+}
+inline bool launch_flash_backward(const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                                  const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                  const __nv_bfloat16* out, const float* lse, float* lse_log2,
+                                  float* delta, float* dq_accum, __nv_bfloat16* dq,
+                                  __nv_bfloat16* dk, __nv_bfloat16* dv,
+                                  const AttentionProblem& p, cudaStream_t stream) {
+  return flash::sm90::backward(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq, dk, dv,
+                               p, stream) ||
+         launch_flash_backward_mma_sync(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
+                                        dk, dv, p, stream);
+}
+
+}  // namespace kernels
+}  // namespace fixed_attention
+
+#endif  // FIXED_FLASH_BACKWARD_SM90_CUH_
