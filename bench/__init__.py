@@ -6,8 +6,9 @@ Four sections (`--only` picks some):
   kata      the kata's shapes, float32 (B, S, 64): flawed, fixed, SDPA, and the cost of flawed's
             host round trip (`torch.empty_like(q, device="cpu").to(q.device)`) on its own.
   llm       LLM shapes, bfloat16 (B, H, S, D), forward and forward+backward: fixed and SDPA's
-            default, flash and cuDNN backends, in TFLOP/s and as a ratio to the flash backend.
-            Needs a CUDA GPU.
+            default, flash and cuDNN backends, in TFLOP/s and as a ratio to the flash backend;
+            each row ends with fixed's speed over cuDNN's, the bar on Hopper (SDPA's default
+            there). The JSON rows carry ratio_to_flash and ratio_to_cudnn. Needs a CUDA GPU.
   args      SDPA's other arguments at one LLM shape (bfloat16, B=4, H=16, S=2048): fixed
             against SDPA's default with a bool or float mask, GQA, head dim 80, Ev != E,
             dropout. Needs a CUDA GPU.

@@ -171,6 +171,7 @@ def new_row(section, impl: Impl, shape, dtype, causal, pass_) -> dict:
         "runs": 0,
         "tflops": None,
         "ratio_to_flash": None,
+        "ratio_to_cudnn": None,
         "rel_error": None,
         "status": "ok",
     }
@@ -232,15 +233,17 @@ def _reference_chunks(flat, grad, causal, chunk, outs, grads) -> None:
             outs.append(out.detach())
 
 
-def set_ratios_to_flash(rows: Iterable[dict]) -> None:
-    """ratio_to_flash = flash's time / the row's time (TFLOP/s over flash's), per shape and pass."""
+def set_ratios(rows: Iterable[dict]) -> None:
+    """ratio_to_flash and ratio_to_cudnn: that SDPA backend's time / the row's time (the row's
+    TFLOP/s over the backend's), per shape and pass; None where the backend was not timed."""
     for group in _groups(rows):
-        flash = next((r for r in group if r["implementation"] == "sdpa flash"), None)
-        if flash is None or not flash["median_ms"]:
-            continue
-        for row in group:
-            if row["median_ms"]:
-                row["ratio_to_flash"] = flash["median_ms"] / row["median_ms"]
+        for field, backend in (("ratio_to_flash", "sdpa flash"), ("ratio_to_cudnn", "sdpa cudnn")):
+            bar = next((r for r in group if r["implementation"] == backend), None)
+            if bar is None or not bar["median_ms"]:
+                continue
+            for row in group:
+                if row["median_ms"]:
+                    row[field] = bar["median_ms"] / row["median_ms"]
 
 
 def _groups(rows: Iterable[dict]) -> list[list[dict]]:

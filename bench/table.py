@@ -190,10 +190,10 @@ def _llm_tables(rows, report) -> list[str]:
         title = "forward" if pass_ == FWD else "forward+backward"
         lines += [
             f"LLM shapes: bfloat16 (B={batch}, H={heads}, S, D), {title}: TFLOP/s (ratio to "
-            "SDPA flash), and flash's ms per call",
+            "SDPA flash), flash's ms per call, and fixed's speed over cuDNN's (the bar)",
             f"  {'D':>4} {'causal':<7}{'S':>6}  "
             + "".join(f"{labels[key]:<18}" for key in order)
-            + f"{'flash ms':>10}",
+            + f"{'flash ms':>10}{'fixed/cuDNN':>13}",
         ]
         groups = _shown([r for r in rows if r["pass"] == pass_])
         groups.sort(key=lambda g: (g[0]["shape"][3], g[0]["causal"], g[0]["shape"][2]))
@@ -212,12 +212,14 @@ def _llm_tables(rows, report) -> list[str]:
                 else:
                     cells.append(f"{notes.mark(row['status']):<18}")
             flash_ms = by_impl["sdpa flash"]["median_ms"]
+            to_cudnn = by_impl["fixed"].get("ratio_to_cudnn")
             _, _, seq, dim = group[0]["shape"]
             causal = "yes" if group[0]["causal"] else "no"
             lines.append(
                 f"  {dim:>4} {causal:<7}{seq:>6}  "
                 + "".join(cells)
                 + f"{_fmt_ms(flash_ms) if flash_ms else '-':>10}"
+                + f"{f'{to_cudnn:.2f}×' if to_cudnn else '-':>13}"
             )
         lines += [*notes.lines(), ""]
     families = {k: v for k, v in report["sdpa_kernels"].items() if k.startswith("llm")}

@@ -28,7 +28,7 @@ from bench.cases import (
     new_row,
     reference,
     relative_error,
-    set_ratios_to_flash,
+    set_ratios,
 )
 
 
@@ -330,7 +330,7 @@ class Bench:
                         continue
                     self.llm_shape(impls, chosen, groups, shape, causal, profiled)
                     torch.cuda.empty_cache()
-        set_ratios_to_flash(r for r in self.rows if r["section"] == "llm")
+        set_ratios(r for r in self.rows if r["section"] == "llm")
 
     def llm_shape(self, impls, chosen, groups, shape, causal, profiled: set[str]) -> None:
         dtype = torch.bfloat16

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from bench import backends, cases, cli, timing
+from bench import backends, cases, cli, table, timing
 
 CPU_ONLY = pytest.mark.skipif(
     torch.cuda.is_available(),
@@ -106,6 +106,7 @@ def test_every_row_has_the_documented_fields(quick_report):
         "runs",
         "tflops",
         "ratio_to_flash",
+        "ratio_to_cudnn",
         "status",
     }
     for row in quick_report["rows"]:
@@ -169,7 +170,7 @@ def test_llm_rows_check_time_and_refuse(cpu_bench):
         assert wrong_row["status"].startswith("WRONG: relative error"), wrong_row
         assert wrong_row["median_ms"] is None, wrong_row
     assert "llm bfloat16 D=32 causal fwd+bwd" in runner.sdpa_kernels
-    cases.set_ratios_to_flash(runner.rows)
+    cases.set_ratios(runner.rows)
     for pass_ in ("fwd", "fwd+bwd"):
         flash, fixed = rows[("sdpa flash", pass_)], rows[("fixed", pass_)]
         assert flash["ratio_to_flash"] == 1.0
@@ -180,6 +181,7 @@ def test_llm_rows_check_time_and_refuse(cpu_bench):
             / 1e12
         )
         assert rows[("sdpa cudnn", pass_)]["ratio_to_flash"] is None
+        assert fixed["ratio_to_cudnn"] is None  # no cuDNN on the CPU: no bar, no ratio
 
 
 def test_a_call_over_max_call_is_not_timed_nor_are_longer_ones(cpu_bench):
@@ -255,3 +257,23 @@ def test_a_slow_first_call_alone_does_not_skip_the_row(cpu_bench):
 
     runner.measure(row, call, len(sets), None, "key")
     assert row["status"] == "ok" and row["median_ms"] is not None, row  # timed, not skipped
+
+
+def test_llm_table_shows_fixed_over_cudnn(cpu_bench):
+    """SDPA's default on Hopper is cuDNN, the bar: each LLM row ends with fixed's speed over it."""
+    _, impls = cpu_bench
+    shape, rows = (1, 2, 64, 32), []
+    for key, ms in (("fixed", 2.0), ("sdpa", 1.5), ("sdpa flash", 3.0), ("sdpa cudnn", 1.0)):
+        impl = next(i for i in (impls.fixed, impls.sdpa, impls.flash, impls.cudnn) if i.key == key)
+        for pass_ in (cases.FWD, cases.FWD_BWD):
+            row = cases.new_row("llm", impl, shape, torch.bfloat16, False, pass_)
+            row.update(median_ms=ms * (3 if pass_ == cases.FWD_BWD else 1), tflops=1.0)
+            rows.append(row)
+    cases.set_ratios(rows)
+    fixed = next(r for r in rows if r["implementation"] == "fixed")
+    assert fixed["ratio_to_cudnn"] == 0.5 and fixed["ratio_to_flash"] == 1.5
+    lines = "\n".join(table._llm_tables(rows, {"sdpa_kernels": {}})).splitlines()
+    headers = [line for line in lines if "fixed/cuDNN" in line]
+    data = [line for line in lines if line.strip().startswith("32 no")]
+    assert len(headers) == 2 and len(data) == 2, lines
+    assert all(line.endswith("0.50×") for line in data), data

@@ -11,9 +11,11 @@ import sys
 import pytest
 
 from kata import FLAWED_DIR, REPO_ROOT
-from kata.harness import round2
+from kata.harness import probes, round2
 from kata.harness.catalog import CATALOG
+from kata.harness.judging import names_problem
 from kata.harness.probes import PROBES
+from kata.harness.remote import RemoteError
 from kata.harness.review import Review, resolve_implementation, run_review
 from kata.toolchain import shipped
 from tests.conftest import NEED_MARKS, result_of, skip_unless_flawed_is_shipped
@@ -96,6 +98,22 @@ def test_round2_probes_exist():
     for flaw in round2.CATALOG:
         assert flaw.probe, f"{flaw.id} names no probe"
         assert flaw.probe_id in PROBES, f"{flaw.id}: no probe {flaw.probe_id!r}"
+
+
+def test_a_status_message_fixes_round_one_but_not_round_two():
+    """On a GPU the proposed fix raises CUDA's name for status 1, "invalid argument": round one's
+    fix for an ignored status, but round two's reviewer wants the length or the limit named (the
+    rubric's r2-status-not-raised), so its probe takes only the words that name them."""
+    gpu_message = RemoteError(
+        {"type": "RuntimeError", "message": "fast_attention failed: invalid argument"}
+    )
+    assert names_problem(gpu_message, probes.LENGTH_WORDS)
+    assert not names_problem(gpu_message, probes.LIMIT_WORDS)
+    named = RemoteError({"type": "ValueError", "message": "seq_len must be at most 4096, got 4097"})
+    assert names_problem(named, probes.LIMIT_WORDS)
+    [status_flaw] = [f for f in round2.CATALOG if f.id == "r2-status-not-raised"]
+    assert status_flaw.probe_id == "length-limit"
+    assert PROBES["length-limit"] is probes.probe_length_limit
 
 
 def test_round2_entries_are_complete():

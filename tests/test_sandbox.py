@@ -130,6 +130,53 @@ def test_killing_the_process_group_kills_everything_inside(box, tmp_path):
     assert not _processes_with(token), "a process of the killed group survived"
 
 
+def test_no_signal_reaches_a_process_outside(box, tmp_path):
+    """A candidate that kills the judge, the review or every process of the user (kill -1)
+    reaches none of them: it runs in a PID namespace of its own, where their pids do not exist.
+    (Not tried here with kill -1: outside a namespace that would end the test session.)"""
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    code = """
+        import os, signal, sys
+        print("own pid namespace:", os.readlink("/proc/self/ns/pid") != sys.argv[2])
+        try:
+            os.kill(int(sys.argv[1]), signal.SIGTERM)
+            print("signalled")
+        except ProcessLookupError:
+            print("no such process")
+    """
+    try:
+        host_namespace = os.readlink("/proc/self/ns/pid")
+        completed = run(box, code, [tmp_path], tmp_path, str(victim.pid), host_namespace)
+        assert completed.returncode == 0, completed.stderr
+        assert completed.stdout.split("\n")[:2] == ["own pid namespace: True", "no such process"]
+        assert victim.poll() is None, "the process outside was killed"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_no_process_outlives_the_box(box, tmp_path):
+    """A daemon the code leaves behind (a session of its own, so out of its process group) ends
+    with the box: nothing a candidate starts keeps running on the interviewer's machine."""
+    token = f"kata-sandbox-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    code = """
+        import subprocess, sys
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(120)", sys.argv[1]],
+            start_new_session=True,
+        )
+    """
+    completed = run(box, code, [tmp_path], tmp_path, token)
+    assert completed.returncode == 0, completed.stderr
+    deadline = time.monotonic() + 10
+    while _processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = _processes_with(token)
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, "a process started inside outlived the box"
+
+
 def _processes_with(token: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():

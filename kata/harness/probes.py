@@ -185,13 +185,12 @@ def probe_happy_path(ctx: ProbeContext) -> Verdict:
     return verdict(ctx, outcomes)
 
 
+# What names the length problem itself: the argument, the length, the limit.
+LIMIT_WORDS = (*ARGUMENTS, "seq_len", "seq_length", "sequence length", "4096", "4097")
+# Round one's flaw is an ignored status; raising with the vendor's status (its code or CUDA's
+# name for it, "invalid argument") is that flaw's fix, so the status words count there too.
 LENGTH_WORDS = (
-    *ARGUMENTS,
-    "seq_len",
-    "seq_length",
-    "sequence length",
-    "4096",
-    "4097",
+    *LIMIT_WORDS,
     "returned 1",
     "code 1",
     "code: 1",
@@ -203,9 +202,19 @@ LENGTH_WORDS = (
 )
 
 
-def probe_error_code(ctx: ProbeContext) -> Verdict:
-    case = Case("seq_len 4097", ctx.inputs(1, 4097, 64), LENGTH_WORDS, frozenset(ARGUMENTS))
+def _over_the_limit(ctx: ProbeContext, mentions: tuple[str, ...]) -> Verdict:
+    case = Case("seq_len 4097", ctx.inputs(1, 4097, 64), mentions, frozenset(ARGUMENTS))
     return verdict(ctx, [judge(ctx, case)], control=valid_call_works(ctx))
+
+
+def probe_error_code(ctx: ProbeContext) -> Verdict:
+    return _over_the_limit(ctx, LENGTH_WORDS)
+
+
+def probe_length_limit(ctx: ProbeContext) -> Verdict:
+    """Round two's error path: seq_len 4097 must be answered, or refused by a message that names
+    the length or the limit; a status's wording ("invalid argument") names neither."""
+    return _over_the_limit(ctx, LIMIT_WORDS)
 
 
 # ---------------------------------------------------------------------- capability probes
@@ -504,6 +513,7 @@ PROBES: dict[str, Callable[[ProbeContext], Verdict]] = {
     "contiguity": probe_contiguity,
     "device": probe_device,
     "error-code": probe_error_code,
+    "length-limit": probe_length_limit,
     "happy-path": probe_happy_path,
     "autograd": probe_autograd,
     "library-path": probe_library_path,

@@ -43,7 +43,7 @@ CATALOG: tuple[Flaw, ...] = (
         "r2-status-not-raised",
         "A status code instead of an exception, and a broken error path",
         10,
-        probe="error-code",
+        probe="length-limit",
         where="attention_wrapper.py: _FastAttention.forward formats a nonzero status with "
         "_error_string, which is defined only when CUDA is available",
         code=[(WRAPPER, "if status != 0:"), (WRAPPER, "def _error_string")],

@@ -1,7 +1,8 @@
-"""OS-level confinement for the processes that run a candidate's code: no network, and writes only
-to the directories the caller names.
+"""OS-level confinement for the processes that run a candidate's code: no network, writes only to
+the directories the caller names, no signal to any process outside.
 
-Inside, whatever the strategy: a new network namespace (the host's loopback is out of reach); the
+Inside, whatever the strategy: a new network namespace (the host's loopback is out of reach), a
+new PID namespace (no other process can be signalled: not the judge, not the review); the
 filesystem read-only but for the `writable` directories and a private /tmp, /dev/shm and /run
 (tmpfs: torch.compile caches in /tmp; /run holds the host's service sockets); a /dev of the basic
 and GPU nodes only (no disks); /proc's kernel settings read-only; no capabilities. The working
@@ -12,7 +13,10 @@ detect() picks the first strategy that works here, by trying it:
 1. bubblewrap, with a PID namespace too (the code cannot signal your processes). bwrap stays the
    child's parent and reports its signal N as exit code 128+N: returncode() maps it back.
 2. user namespaces: this file as a launcher (`python -I -S kata/harness/sandbox.py --writable DIR --
-   ARGV`) that unshares, builds the view and execs ARGV in its place: same pid, same exit.
+   ARGV`) that unshares, with a PID namespace too: the launcher stays outside, waits and ends as
+   ARGV ended (its exit code, or the same signal); inside, its child is the namespace's init,
+   builds the view (a fresh /proc where the host allows one) and runs ARGV as pid 2. Killing
+   the launcher's process group kills all three; when init ends, the kernel ends the rest.
 3. none: the command runs as given, and the note says so.
 KATA_SANDBOX=off forces none; =bwrap or =unshare tries that strategy only.
 """
@@ -23,10 +27,10 @@ import os
 import sys
 
 LAUNCHER = os.path.abspath(__file__)
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x20000, 0x10000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
-PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, PR_SET_NO_NEW_PRIVS = 28, 0b11, 38
+PR_SET_PDEATHSIG, PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, PR_SET_NO_NEW_PRIVS = 1, 28, 0b11, 38
 BASIC_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = {"fd": "", "stdin": "/0", "stdout": "/1", "stderr": "/2"}  # to /proc/self/fd...
 GPU_DEVICES = ("nvidia", "dri", "kfd")  # name prefixes: NVIDIA (nvidia-caps/ too), DRM, AMD ROCm
@@ -80,17 +84,30 @@ def _launch(args: list[str]) -> None:
     argv = args[split + 1 :]
     try:
         cwd, uid, gid = os.getcwd(), os.getuid(), os.getgid()
-        check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET), "unshare")
+        check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID), "unshare")
         maps = {"setgroups": "deny", "uid_map": f"{uid} {uid} 1", "gid_map": f"{gid} {gid} 1"}
         for name, text in maps.items():  # the same ids inside, mapped to ours
             with open(f"/proc/self/{name}", "w") as file:
                 file.write(text)
+        # The PID namespace holds this process's children only: a signal sent from inside
+        # reaches no process outside it (the judge, the review, the interviewer's shell).
+        status_read, status_write = os.pipe()
+        init = os.fork()
+        if init:
+            _end_as(init, status_read, status_write)
+        os.close(status_read)
+        # The launcher killed alone (its caller's time limit) takes init, hence everything inside.
+        check(libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl(pdeathsig)")  # SIGKILL
         mount(None, "/", flags=MS_REC | MS_PRIVATE)  # nothing done here reaches the host
         # Handles on what the tmpfs mounts below cover (the writable directories are usually
         # under /tmp), opened in this namespace so that they can be bound.
         devices = [f"/dev/{name}" for name in BASIC_DEVICES] + gpu_devices()
         handles = {path: os.open(path, os.O_PATH) for path in [*dict(binds), *devices]}
         _remount_all_read_only(mount)
+        # This namespace's processes only; a host that masks parts of its /proc refuses a
+        # fresh one, and the host's stays (its processes listed, still out of a signal's reach).
+        with contextlib.suppress(OSError):
+            mount("proc", "/proc", "proc", NO_SUID_DEV_EXEC)
         for path in proc_covers():
             mount(path, path, flags=MS_BIND | MS_REC)
             mount(None, path, flags=MS_REMOUNT | MS_BIND | MS_RDONLY | NO_SUID_DEV_EXEC)
@@ -130,11 +147,48 @@ def _launch(args: list[str]) -> None:
         check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
         check(libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, 0, 0, 0), "securebits")
         os.environ.update(CACHE_ENV)
-        os.execvp(argv[0], argv)
+        # ARGV runs as pid 2, not as init: signals it sends itself (abort, say) act as usual.
+        command = os.fork()
+        if command == 0:
+            os.close(status_write)
+            os.execvp(argv[0], argv)
+        _reap_until(command, status_write)
     except OSError as error:
         what = error.filename or argv[0]  # None: the exec failed
         os.write(2, f"kata sandbox: {what}: {error.strerror}\n".encode())
         os._exit(FAILED)
+
+
+def _reap_until(command: int, status_write: int) -> None:
+    """The namespace's init: reaps every process left to it until `command` ends, hands the
+    launcher its wait status, and exits, which ends whatever is left inside. Never returns."""
+    os.close(0)  # the judge reads the command's stdout to its end: hold none of its pipes
+    os.close(1)
+    while True:
+        pid, status = os.wait()
+        if pid == command:
+            os.write(status_write, status.to_bytes(4, "little"))
+            os._exit(0)
+
+
+def _end_as(init: int, status_read: int, status_write: int) -> None:
+    """The launcher, outside: waits for the namespace's init, then ends as the command did
+    (its exit code, or death by the same signal), so that the caller sees the command's end."""
+    import signal
+
+    os.close(status_write)
+    os.close(0)
+    os.close(1)
+    reported = os.read(status_read, 4)
+    _, status = os.waitpid(init, 0)
+    if len(reported) == 4:  # else init ended first (it could not build the view): its status
+        status = int.from_bytes(reported, "little")
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+        os._exit(128 + number)  # a signal this process cannot die of here
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else FAILED)
 
 
 def _remount_all_read_only(mount) -> None:
@@ -173,7 +227,10 @@ import functools  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-NOTE = "no network; writes only to the judged directory and a private /tmp ({how})"
+NOTE = (
+    "no network; writes only to the judged directory and a private /tmp; no other process in reach "
+    "({how})"
+)
 RIGHTS = "the candidate's code ran with your rights"
 
 
