@@ -28,6 +28,7 @@ RUNNER = Path(__file__).resolve().with_name("runner.py")
 # (32, 4096, 64) float32 tensor, 32 MiB). The runner is the candidate's: a length past this is
 # an attack on the judge's memory (it would stream that much into it), not an answer.
 MAX_ANSWER_BYTES = 256 * 2**20
+MAX_STDERR_BYTES = 1_000_000  # what the judge keeps of the runner's stderr; the rest is drained
 STDERR_MARK = "@@kata-case"  # on a judge's stderr before each case: what was said before it is
 # not the case's evidence (torch's import-time warnings, say)
 
@@ -146,7 +147,7 @@ class Remote:
 
     def _drain(self) -> None:
         for chunk in iter(lambda: self.process.stderr.read1(65536), b""):
-            self.stderr += chunk[: max(0, 1_000_000 - len(self.stderr))]
+            self.stderr += chunk[: max(0, MAX_STDERR_BYTES - len(self.stderr))]
 
     def request(self, header: dict, tensors: dict | None = None) -> tuple[dict, dict]:
         if self.process is None:
