@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from kata import FLAWED_DIR, REPO_ROOT, KataError
 from kata.harness.catalog import CATALOG
 from kata.harness.hints import next_hint
 from kata.harness.probes import PROBES
+from kata.harness.remote import MAX_ANSWER_BYTES, Remote, RunnerStopped
 from kata.harness.review import resolve_implementation, run_review
 from kata.harness.rubric import rubric_section
 from kata.toolchain import builders, shipped
@@ -53,6 +57,45 @@ def test_segfaulting_candidate_is_present_with_the_signal(candidate):
     for status, evidence in statuses(review).values():
         assert status == "present"
         assert "process died with SIGSEGV" in evidence
+
+
+def test_an_answer_too_large_to_be_one_is_not_read(tmp_path):
+    # The runner is the candidate's process: one that announces 1 GiB and streams it would, read
+    # as announced, put 1 GiB into the judge's memory (any amount, given time).
+    flood = (
+        "import os, struct\n"
+        "os.write(1, struct.pack('<Q', 2**30))\n"
+        "zeros = bytes(2**20)\n"
+        "for _ in range(2**10):\n"
+        "    os.write(1, zeros)\n"
+    )
+    remote = Remote([sys.executable, "-c", flood], tmp_path, dict(os.environ))
+    started = time.monotonic()
+    with pytest.raises(RunnerStopped, match=r"1,073,741,824 bytes, over the 256 MiB"):
+        remote.request({"op": "health"})
+    assert time.monotonic() - started < 30
+    assert remote.process.wait(timeout=10) == -signal.SIGKILL
+    # rubric.md and the corpus quote the evidence: they name the limit the judge holds
+    assert f"over the {MAX_ANSWER_BYTES >> 20} MiB" in (REPO_ROOT / "rubric.md").read_text()
+
+
+def test_an_answer_is_raw_bytes_never_an_archive_to_inflate(tmp_path):
+    # torch.load takes deflated archives: 64 KB sent would be 64 MiB in the judge (a thousandfold,
+    # past any cap on what is sent). The judge reads a table and raw bytes, and nothing else.
+    saved = io.BytesIO()
+    torch.save({"result": torch.zeros(2**24)}, saved)
+    archive, deflated = zipfile.ZipFile(saved), io.BytesIO()
+    with zipfile.ZipFile(deflated, "w", compression=zipfile.ZIP_DEFLATED) as bomb:
+        for name in archive.namelist():
+            bomb.writestr(name, archive.read(name))
+    frame = json.dumps({"result": {"type": "Tensor"}}).encode() + b"\n" + deflated.getvalue()
+    assert len(frame) < 2**20
+    (tmp_path / "frame").write_bytes(struct.pack("<Q", len(frame)) + frame)
+    send = "import os, sys; os.write(1, open(sys.argv[1], 'rb').read()); sys.stdin.read()"
+    remote = Remote([sys.executable, "-c", send, str(tmp_path / "frame")], tmp_path, {})
+    with pytest.raises(RunnerStopped, match="sent garbage"):
+        remote.request({"op": "health"})
+    remote.close()
 
 
 def test_failures_found_before_a_crash_stay_in_the_evidence(candidate):

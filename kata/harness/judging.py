@@ -172,6 +172,11 @@ def check_result(name, result, expected, inputs, tolerance_dtype=None) -> str | 
         return f"{name}: returned {result.type_name}, not a tensor"
     if result.device != query.device:
         return f"{name}: output on {result.device}, inputs on {query.device}"
+    # SDPA's output has its inputs' dtype: a float32 answer to float16 inputs is not one a caller
+    # asked for (and mixed inputs, where SDPA refuses, may give either dtype).
+    if result.dtype not in {tensor.dtype for tensor in inputs}:
+        given = "/".join(sorted({dtype_name(tensor.dtype) for tensor in inputs}))
+        return f"{name}: output dtype {dtype_name(result.dtype)}, inputs {given}"
     expected_shape = query.shape[:-1] + inputs[2].shape[-1:]
     if tuple(result.shape) != tuple(expected_shape):
         return f"{name}: output shape {list(result.shape)}, expected {list(expected_shape)}"
@@ -185,6 +190,10 @@ def check_result(name, result, expected, inputs, tolerance_dtype=None) -> str | 
     if error > tolerance:
         return f"{name}: wrong result, relative error {error:.2g} (tolerance {tolerance:.0e})"
     return None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def judge(ctx: ProbeContext, case: Case) -> Outcome:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 import signal
@@ -23,6 +24,11 @@ from pathlib import Path
 import torch
 
 RUNNER = Path(__file__).resolve().with_name("runner.py")
+# The most an answer may take: 8 x the largest a probe asks for (the stream probe's output, a
+# (32, 4096, 64) float32 tensor, 32 MiB). The runner is the candidate's: a length past this is
+# an attack on the judge's memory (it would stream that much into it), not an answer.
+MAX_ANSWER_BYTES = 256 * 2**20
+MAX_STDERR_BYTES = 1_000_000  # what the judge keeps of the runner's stderr; the rest is drained
 STDERR_MARK = "@@kata-case"  # on a judge's stderr before each case: what was said before it is
 # not the case's evidence (torch's import-time warnings, say)
 
@@ -95,6 +101,27 @@ def materialize(spec: dict, tensors: dict, name: str = "result"):
     return tensor.to(device) if device != "cpu" else tensor
 
 
+def _tensors(table: list, data: bytearray) -> dict[str, torch.Tensor]:
+    """The tensors of an answer, from the runner's table (name, dtype, sizes) and raw bytes. Views
+    of `data`, no copy, nothing unpickled or inflated: an answer takes what it was sent."""
+    tensors, offset = {}, 0
+    for name, dtype_name, shape in table:
+        dtype = getattr(torch, str(dtype_name), None)
+        if not isinstance(dtype, torch.dtype) or not all(
+            type(size) is int and size >= 0 for size in shape
+        ):
+            raise ValueError(f"tensor {name!r} is not one: {dtype_name} {shape}")
+        count = math.prod(shape)
+        if offset + count * dtype.itemsize > len(data):
+            raise ValueError(f"tensor {name!r} needs more bytes than were sent")
+        flat = torch.frombuffer(data, dtype=dtype, count=count, offset=offset) if count else None
+        tensors[str(name)] = torch.empty(shape, dtype=dtype) if flat is None else flat.view(shape)
+        offset += count * dtype.itemsize
+    if offset != len(data):
+        raise ValueError(f"{len(data) - offset} bytes past the tensors the table lists")
+    return tensors
+
+
 class Remote:
     """One runner process for one probe, started on first use."""
 
@@ -120,7 +147,7 @@ class Remote:
 
     def _drain(self) -> None:
         for chunk in iter(lambda: self.process.stderr.read1(65536), b""):
-            self.stderr += chunk[: max(0, 1_000_000 - len(self.stderr))]
+            self.stderr += chunk[: max(0, MAX_STDERR_BYTES - len(self.stderr))]
 
     def request(self, header: dict, tensors: dict | None = None) -> tuple[dict, dict]:
         if self.process is None:
@@ -137,16 +164,21 @@ class Remote:
             if len(size) < 8:
                 raise EOFError
             (length,) = struct.unpack("<Q", size)
+            if length > MAX_ANSWER_BYTES:
+                self.process.kill()  # the sandbox, and all in it, with it
+                raise RunnerStopped(
+                    f"the implementation's process announced an answer of {length:,} bytes, over "
+                    f"the {MAX_ANSWER_BYTES >> 20} MiB an answer may take: not read"
+                )
             answer = self.process.stdout.read(length)
             if len(answer) < length:
                 raise EOFError
         except (EOFError, BrokenPipeError):
             raise RunnerStopped(self._death()) from None
-        head, _, body = answer.partition(b"\n")
         try:
+            head, table, body = answer.split(b"\n", 2)
             reply = json.loads(head)
-            # weights_only: the runner is untrusted, and this loader runs no code of its
-            received = torch.load(io.BytesIO(body), weights_only=True) if body else {}
+            received = _tensors(json.loads(table), bytearray(body))
         except Exception as error:
             raise RunnerStopped(f"the implementation's process sent garbage: {error}") from None
         if "stopped" in reply:
