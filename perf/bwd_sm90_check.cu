@@ -4,7 +4,8 @@
 //
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/bwd_sm90_check perf/bwd_sm90_check.cu && /tmp/bwd_sm90_check
 //
-// (`/tmp/bwd_sm90_check --no-timing` runs the checks only; `--timing-only` the timings only.)
+// (`/tmp/bwd_sm90_check --no-timing` runs the checks only; `--timing-only` the timings only;
+// `--seq N` times L = S = N instead of 4096.)
 //
 // Checks: for bf16 and fp16, head dims 64 and 128, causal and not, batch 3, (L, S) = (128, 128),
 // (1000, 1000), (300, 700), (700, 300), and two scale cases, (257, 513) with a negative scale and
@@ -14,10 +15,10 @@
 // filled with NaN first. dQ, dK, dV of each against the float64 reference (relative Frobenius
 // error); a case fails if any gradient of the wgmma kernel is not finite or its error exceeds
 // 2 x the mma.sync kernel's + 1e-3. Exit status 1 if any case fails.
-// Timing: B x H = 64, L = S = 4096, bf16, head dims 64 and 128, causal and not; the three launches
-// of each backward (prologue, main kernel, dq), CUDA events, 3 warm-up calls, then 20 rounds
-// alternating the two kernels; median ms and TFLOP/s (backward FLOPs = 2.5 x 4 B H L S D, half
-// that when causal).
+// Timing: B x H = 64, L = S = 4096 (or --seq N), bf16, head dims 64 and 128, causal and not;
+// the three launches of each backward (prologue, main kernel, dq), CUDA events, 3 warm-up calls,
+// then 20 rounds alternating the two kernels; median ms and TFLOP/s (backward FLOPs =
+// 2.5 x 4 B H L S D, half that when causal).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -383,8 +384,8 @@ __global__ void fill_kernel(T* x, int64_t n, uint32_t salt) {
 }
 
 template <typename T>
-void time_case(int64_t D, bool causal) {
-  const int64_t B = 64, L = 4096, S = 4096;
+void time_case(int64_t D, bool causal, int64_t length) {
+  const int64_t B = 64, L = length, S = length;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   fk::AttentionProblem p{B, L, S, D, scale, causal};
   Buffers<T> d;
@@ -453,13 +454,18 @@ void time_case(int64_t D, bool causal) {
 
 int main(int argc, char** argv) {
   bool checks = true, timing = true;
+  int64_t length = 4096;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-timing") == 0) {
       timing = false;
     } else if (std::strcmp(argv[i], "--timing-only") == 0) {
       checks = false;
+    } else if (std::strcmp(argv[i], "--seq") == 0 && i + 1 < argc &&
+               (length = std::atoll(argv[i + 1])) >= 128 && length <= 32768) {
+      ++i;
     } else {
-      std::fprintf(stderr, "usage: %s [--no-timing | --timing-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--no-timing | --timing-only] [--seq N (128-32768)]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -499,7 +505,7 @@ int main(int argc, char** argv) {
   if (timing) {
     for (int64_t D : {64, 128}) {
       for (bool causal : {false, true}) {
-        time_case<__nv_bfloat16>(D, causal);
+        time_case<__nv_bfloat16>(D, causal, length);
       }
     }
   }
