@@ -5,7 +5,9 @@
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/bwd_sm90_check perf/bwd_sm90_check.cu && /tmp/bwd_sm90_check
 //
 // (`/tmp/bwd_sm90_check --no-timing` runs the checks only; `--timing-only` the timings only;
-// `--seq N` times L = S = N instead of 4096.)
+// `--seq N` times L = S = N instead of 4096. Built for sm_90 instead of sm_90a, with
+// `--mma-sync-body`, it checks the wgmma kernel's other body: flash_backward.cuh's mma.sync code
+// writing the swizzled dQ accumulator that the wgmma launcher's dq kernel reads.)
 //
 // Checks: for bf16 and fp16, head dims 64 and 128, causal and not, batch 3, (L, S) = (128, 128),
 // (1000, 1000), (300, 700), (700, 300), and two scale cases, (257, 513) with a negative scale and
@@ -453,18 +455,22 @@ void time_case(int64_t D, bool causal, int64_t length) {
 }
 
 int main(int argc, char** argv) {
-  bool checks = true, timing = true;
+  bool checks = true, timing = true, mma_sync_body = false;
   int64_t length = 4096;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-timing") == 0) {
       timing = false;
     } else if (std::strcmp(argv[i], "--timing-only") == 0) {
       checks = false;
+    } else if (std::strcmp(argv[i], "--mma-sync-body") == 0) {
+      mma_sync_body = true;
     } else if (std::strcmp(argv[i], "--seq") == 0 && i + 1 < argc &&
                (length = std::atoll(argv[i + 1])) >= 128 && length <= 32768) {
       ++i;
     } else {
-      std::fprintf(stderr, "usage: %s [--no-timing | --timing-only] [--seq N (128-32768)]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--no-timing | --timing-only] [--seq N (128-32768)] "
+                   "[--mma-sync-body]\n",
                    argv[0]);
       return 2;
     }
@@ -481,8 +487,9 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaFree(probe));
   std::printf("device: %s (compute capability %d.%d); image: %s\n", prop.name, prop.major,
               prop.minor, sm90a ? "sm_90a (wgmma body)" : "not sm_90a (mma.sync body)");
-  if (prop.major != 9 || prop.minor != 0 || !sm90a) {
-    std::printf("needs compute capability 9.0 and the sm_90a image (see the build command)\n");
+  if (prop.major != 9 || prop.minor != 0 || sm90a == mma_sync_body) {
+    std::printf("needs compute capability 9.0 and the sm_90a image (see the build command), or "
+                "with --mma-sync-body an image without it\n");
     return 2;
   }
 

@@ -190,6 +190,10 @@ def backward(q, k, v, dout, out, lse, scale, causal, D, longest_first=False):
                     a = a_from_regs(ds_frag[:, kk])
                     bq = read_mnmajor(smem, q_buf + kk * 16 * 128, D, BM * 128)
                     dk_acc[wg] += a @ bq.T
+            # dQ: each warpgroup's 64 x 64 tile into the f32 stage [BM][D] (swizzled_dq_chunk:
+            # row r's 8-float chunk c at c ^ (r & 7)), then the whole stage added to the
+            # workspace rows m0 .. m0 + BM - 1 at once (the bulk reduction).
+            stage = torch.zeros(BM * D)
             for wg in range(2):
                 dq_row = wg if dq_row_groups == 2 else 0
                 dq_col = 0 if dq_row_groups == 2 else wg
@@ -205,12 +209,14 @@ def backward(q, k, v, dout, out, lse, scale, causal, D, longest_first=False):
                 dqt = to_thread_c(dq_full, 64)
                 warp = 4 * wg + W
                 for j in range(8):
+                    chunk = (8 * dq_col + j) ^ G
                     for h in range(2):
-                        row = b * rows_padded + m0 + 64 * dq_row + 16 * (warp & 3) + G + 8 * h
-                        col = 64 * dq_col + 8 * j + 2 * T
-                        flat = dq_accum.reshape(-1, D)
-                        flat.index_put_((row, col), dqt[:, 4 * j + 2 * h], accumulate=True)
-                        flat.index_put_((row, col + 1), dqt[:, 4 * j + 2 * h + 1], accumulate=True)
+                        row = 64 * dq_row + 16 * (warp & 3) + G + 8 * h
+                        at = row * D + 8 * chunk + 2 * T
+                        stage.index_put_((at,), dqt[:, 4 * j + 2 * h], accumulate=True)
+                        stage.index_put_((at + 1,), dqt[:, 4 * j + 2 * h + 1], accumulate=True)
+            start = (b * rows_padded + m0) * D
+            dq_accum.view(-1)[start : start + BM * D] += stage
         # Epilogue.
         for wg in range(2):
             dkt = to_thread_c(dk_acc[wg], D)
@@ -241,7 +247,12 @@ def backward(q, k, v, dout, out, lse, scale, causal, D, longest_first=False):
                         dv[b, key, 8 * chunk : 8 * chunk + 8] = smem[
                             (v_tile + off) // 2 : (v_tile + off) // 2 + 8
                         ]
-    dq = dq_accum[:, :L] * scale
+    # The dq kernel: row i's chunk c is read from chunk c ^ (i & 7).
+    rows = torch.arange(rows_padded).view(-1, 1)
+    chunks = torch.arange(D // 8).view(1, -1) ^ (rows & 7)
+    columns = (8 * chunks).unsqueeze(-1) + torch.arange(8)  # (rows, D / 8, 8)
+    unswizzled = torch.gather(dq_accum, 2, columns.reshape(1, rows_padded, D).expand(B, -1, -1))
+    dq = unswizzled[:, :L] * scale
     return dq, dk, dv
 
 

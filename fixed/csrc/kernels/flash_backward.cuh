@@ -25,6 +25,8 @@
 //    dK and dV of its keys stay in registers for the whole loop; dQ gets each CTA's
 //    contribution by float32 atomics.
 // 3. flash_backward_dq_kernel: dQ = scale * accumulator, rounded to the input dtype.
+// The accumulator's layout is plain row-major (B, Lp, D) for this file's kernel; the wgmma
+// kernel's swizzles it (swizzled_dq_chunk), which that kernel's mma.sync body follows.
 //
 // ---------------------------------------------------------------------- the main kernel
 // 8 warps; warp w owns keys [16 w, 16 w + 16) of the CTA's block, so that it computes the
@@ -217,6 +219,16 @@ __device__ __forceinline__ void st_shared_b32(uint32_t address, uint32_t bits) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(bits) : "memory");
 }
 
+// The swizzled dQ accumulator (flash_backward_sm90.cuh): row r's 8-float (32-byte) chunk c is
+// stored at chunk c ^ (r & 7) of the same row, r counted in the padded (B, Lp) rows (Lp and
+// every query block start are multiples of 8, so a block's local row has the same r & 7). The
+// wgmma kernel stages a block's dQ in shared memory in this layout: a warp's 8 fragment rows
+// then fall on 8 different chunks, conflict-free, and the staged tile goes to global memory as
+// one contiguous bulk reduction.
+__host__ __device__ __forceinline__ int swizzled_dq_chunk(int chunk, int64_t row) {
+  return chunk ^ static_cast<int>(row & 7);
+}
+
 // kBlockM floats of each padded row buffer (lse log2(e), delta) into shared memory: the first
 // kBlockM / 4 threads copy lse, the next kBlockM / 4 delta, 16 bytes each (the buffers are
 // padded: always in bounds).
@@ -234,8 +246,8 @@ __device__ __forceinline__ void load_row_stats(uint32_t lse_dst, uint32_t delta_
 
 // The whole CTA's work, every work item of the grid-stride loop (sm_80 and later). A device
 // function so that the sm_90a kernel (flash_backward_sm90.cuh) can run it as its body in images
-// without wgmma.
-template <typename T, class F>
+// without wgmma; that kernel's dQ accumulator is swizzled (kSwizzledDq, swizzled_dq_chunk).
+template <typename T, class F, bool kSwizzledDq = false>
 __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,             // (B, L, D)
                                                    const T* __restrict__ k,             // (B, S, D)
                                                    const T* __restrict__ v,             // (B, S, D)
@@ -473,13 +485,14 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
           mma_16816<T>(dq[2 * dp2 + 1], dsa, kb[2], kb[3]);
         }
       }
-      float* const dq_rows =
-          dq_accum + (b * rows_padded + m0 + 16 * dq_mt + g) * D + dq_c0 * 8 + 2 * t;
+      // Rows m0 + 16 dq_mt + g (+ 8): row & 7 == g (Lp and m0 are multiples of 8).
+      float* const dq_rows = dq_accum + (b * rows_padded + m0 + 16 * dq_mt + g) * D + 2 * t;
 #pragma unroll
       for (int j = 0; j < kDqTiles; ++j) {
+        const int chunk = kSwizzledDq ? swizzled_dq_chunk(dq_c0 + j, g) : dq_c0 + j;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          red_add_f32x2(dq_rows + 8 * h * D + 8 * j, dq[j][2 * h], dq[j][2 * h + 1]);
+          red_add_f32x2(dq_rows + 8 * h * D + 8 * chunk, dq[j][2 * h], dq[j][2 * h + 1]);
         }
       }
     }
@@ -541,7 +554,7 @@ __global__ void __launch_bounds__(F::kThreads, 1)
 
 // ------------------------------------------------------------------------ kernel 3
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kSwizzledDq>
 __global__ void __launch_bounds__(kRowKernelThreads)
     flash_backward_dq_kernel(const float* __restrict__ dq_accum,  // (B, Lp, D)
                              T* __restrict__ dq,                  // (B, L, D)
@@ -556,8 +569,9 @@ __global__ void __launch_bounds__(kRowKernelThreads)
     const int chunk = static_cast<int>(index % kChunks);
     const int64_t b = row / len_q;
     const int64_t i = row % len_q;
+    const int stored = kSwizzledDq ? swizzled_dq_chunk(chunk, i) : chunk;
     const float4* const from =
-        reinterpret_cast<const float4*>(dq_accum + (b * rows_padded + i) * kHeadDim + chunk * 8);
+        reinterpret_cast<const float4*>(dq_accum + (b * rows_padded + i) * kHeadDim + stored * 8);
     const float4 lo = from[0];
     const float4 hi = from[1];
     uint4 bits;
@@ -582,8 +596,9 @@ using BackwardMainKernel = void(const T*, const T*, const T*, const T*, const fl
 // The backward's three launches on `stream`: the prologue and dq kernels of tiling F, and
 // `kernel` (F's flash_backward_kernel, or a kernel of F's CTA shape: kThreads threads, blocks
 // of kBlockN keys, the workspace padded to F::kBlockM rows) with `smem_bytes` of dynamic shared
-// memory. After a failed launch it stops, leaving the error for the caller's launch check.
-template <typename T, class F>
+// memory; kSwizzledDq: `kernel` leaves the dQ accumulator swizzled (swizzled_dq_chunk). After
+// a failed launch it stops, leaving the error for the caller's launch check.
+template <typename T, class F, bool kSwizzledDq = false>
 void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* dout, const T* q,
               const T* k, const T* v, const T* out, const float* lse, float* lse_log2,
               float* delta, float* dq_accum, T* dq, T* dk, T* dv, const AttentionProblem& p,
@@ -604,7 +619,7 @@ void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* do
   if (cudaPeekAtLastError() != cudaSuccess) {
     return;
   }
-  flash_backward_dq_kernel<T, F::kHeadDim>
+  flash_backward_dq_kernel<T, F::kHeadDim, kSwizzledDq>
       <<<kernels::detail::grid_for(ceil_div(p.batch * p.len_q * F::kChunks, kRowKernelThreads)),
          kRowKernelThreads, 0, stream>>>(dq_accum, dq, p.batch, p.len_q, rows, p.scale);
 }

@@ -1,11 +1,12 @@
 // The backward for Hopper (compute capability 9.0), bf16/fp16, head dims 64 and 128: the
 // algorithm of flash_backward.cuh (transposed scores with keys as the M dimension, P from the
-// forward's lse, dK and dV of a 128-key block in registers, dQ by float32 atomics into the same
-// workspace; the same prologue and dq kernels, the same causal convention, tails and work order)
-// with all five products on warpgroup MMA (wgmma.mma_async, sm_90a; wrappers and operand layouts
-// in wgmma.cuh). A wgmma reads its shared-memory operands through descriptors, without the
-// ldmatrix round trips through registers that bound the mma.sync kernel (perf/NOTES.md, v2, v7,
-// v8). DRAFT: compile-checked only; nothing in this file has run on a GPU (perf/NOTES.md, v13).
+// forward's lse, dK and dV of a 128-key block in registers, dQ summed over key blocks in a float32
+// workspace; the same prologue kernel, the same causal convention, tails and work order) with all
+// five products on warpgroup MMA (wgmma.mma_async, sm_90a; wrappers and operand layouts in
+// wgmma.cuh). A wgmma reads its shared-memory operands through descriptors, without the ldmatrix
+// round trips through registers that bound the mma.sync kernel (perf/NOTES.md, v2, v7, v8):
+// 1.2-1.3x its speed (v13). Each query block's dQ is staged in shared memory and added to the
+// workspace by one bulk reduction instead of per-thread atomics: 1.2x more (v14).
 //
 // launch_flash_backward at the bottom is the glue's entry point: on a device of compute
 // capability 9.0 it takes bf16/fp16 at head dim 64 or 128 (the plain problem, 16-byte aligned
@@ -54,12 +55,20 @@
 //      D = 128, R = 64: both take the 64 queries, warpgroup wg head dims 64 wg ..): 8 wgmma
 //      m64n64k16 over the 128 keys, A = dS read from the stored dS^T ([key][query], query
 //      contiguous) as an MN-major A (imm-trans-a), B = K ([key][d]) MN-major (imm-trans-b).
-//   9. Wait for all of it; dQ's f32 accumulator to dq_accum by red.global.add.v2.f32 (the same
-//      atomics as flash_backward.cuh: element dq[4 j + e] is query m0 + 64 (row group) +
-//      16 (warp & 3) + g + 8 (e >> 1), head dim 64 (column group) + 8 j + 2 t + (e & 1)).
+//   9. Wait for all of it; dQ's f32 accumulator to the dQ stage in shared memory (element
+//      dq[4 j + e] is query 64 (row group) + 16 (warp & 3) + g + 8 (e >> 1) of the block, head
+//      dim 64 (column group) + 8 j + 2 t + (e & 1)), in the layout of the workspace rows
+//      m0 .. m0 + kBlockM - 1, with flash_backward.cuh's swizzled_dq_chunk (a warp's 8 rows on
+//      8 chunks: conflict-free 8-byte stores). After the next barrier one thread adds the whole
+//      stage to those rows with one cp.reduce.async.bulk .add.f32 (the TMA unit; 32 KB), where
+//      the first version issued 16 red.global.add.v2.f32 per thread (14-16% of the warps' stall
+//      samples in ncu, waiting for the memory queue; perf/NOTES.md, v14). The dq kernel reads
+//      the swizzled workspace; in images without wgmma the mma.sync body writes it swizzled too.
 // Two barriers per query block, as flash_backward.cuh: the one at the top (the block's Q, dO,
 // lse, delta have landed and are fenced for the async proxy; every warpgroup has waited for its
-// previous wgmmas, so the other buffers and the dS^T tile are free) and the one before dQ. No
+// previous wgmmas, so the other buffers and the dS^T tile are free; the previous block's dQ is
+// staged: its bulk reduction is issued) and the one before dQ (before it the issuing thread
+// waits until that reduction has read the stage, which the stores after it overwrite). No
 // producer warp, TMA or warpgroup ping-pong (FlashAttention-3 has them): each product is waited
 // for before its result is used, except the overlaps named in 2 and 4.
 //
@@ -80,12 +89,14 @@
 //   Q, dO [R][D], 2 buffers 4 x 16 KB (both)
 //   dS^T [128 keys][R]      32 KB (D = 64), 16 KB (D = 128)
 //   lse, delta [R] f32, 2 buffers: 2 KB, 1 KB; + 1 KB to align the base to 1024 bytes.
-//   D = 64: 131 KB, D = 128: 146 KB. One CTA per SM (as flash_backward.cuh: 8 warps per SM).
+//   dQ stage [R][D] f32   32 KB (both)
+//   D = 64: 163 KB, D = 128: 178 KB. One CTA per SM (as flash_backward.cuh: 8 warps per SM).
 // Q, dO, lse and delta are double-buffered with cp.async exactly as in flash_backward.cuh.
 // Registers (nvcc 13.0, -Xptxas -v, sm_90a, both dtypes): 254 (D = 64) and 255 (D = 128) per
 // thread, no spill (250 at both with kEarlyDv false); one CTA of 256 threads per SM. Per thread:
 // dK, dV 2 x D / 2 f32 accumulators; S^T, dP^T 2 x R / 2; dQ 32; the packed P^T and dS^T
-// fragments 2 x R / 4. The sm_80 and sm_90 images' body is flash_backward.cuh's, SASS for SASS.
+// fragments 2 x R / 4. The sm_80 and sm_90 images' body is flash_backward.cuh's, with the
+// swizzled dQ addresses.
 // Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
 #ifndef FIXED_FLASH_BACKWARD_SM90_CUH_
 #define FIXED_FLASH_BACKWARD_SM90_CUH_
@@ -135,8 +146,9 @@ struct BackwardTile {
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;    // one buffer of Q or dO
   static constexpr uint32_t kDsBytes = kBlockN * kBlockM * 2;    // dS^T
   static constexpr uint32_t kStatsBytes = 2 * kBlockM * 4;       // one buffer of lse, delta
+  static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * 4;   // the staged f32 dQ block
   static constexpr std::size_t kWgmmaSmemBytes =
-      2 * kKVBytes + 4 * kQBytes + kDsBytes + 2 * kStatsBytes + 1024;
+      2 * kKVBytes + 4 * kQBytes + kDsBytes + 2 * kStatsBytes + kDqBytes + 1024;
   static constexpr std::size_t kSmemBytes = kWgmmaSmemBytes > Fallback::kSmemBytes
                                                 ? kWgmmaSmemBytes
                                                 : Fallback::kSmemBytes;
@@ -171,6 +183,11 @@ __device__ __forceinline__ void wgmma_grad(float (&d)[kHeadDim / 2], const uint3
   }
 }
 
+// Two floats to shared memory (8-byte aligned).
+__device__ __forceinline__ void st_shared_f32x2(uint32_t address, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(a), "f"(b) : "memory");
+}
+
 // The wgmma body: every work item of the grid-stride loop (sm_90a images only).
 template <typename T, class F>
 __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,             // (B, L, D)
@@ -197,6 +214,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const uint32_t do_tiles = q_tiles + 2 * F::kQBytes;  // 2 buffers of kQBytes
   const uint32_t ds_tile = do_tiles + 2 * F::kQBytes;  // [BM / 64][BN][64]
   const uint32_t stats = ds_tile + F::kDsBytes;        // 2 x (lse [BM], delta [BM])
+  const uint32_t dq_stage = stats + 2 * F::kStatsBytes;  // [BM][D] f32, swizzled_dq_chunk
   // The K tile through a generic pointer, for the epilogue's 16-byte reads.
   const unsigned char* const kv_bytes =
       reinterpret_cast<const unsigned char*>(sm90_bwd_smem) + (k_tile - smem_base);
@@ -255,8 +273,12 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       const uint32_t lse_buf = stats + buf * F::kStatsBytes;
       const uint32_t delta_buf = lse_buf + BM * 4;
       cp_async_wait<0>();          // this thread's copies of block `it` (and K, V) have landed
-      fence_proxy_async_shared();  // ... and its copies and zero stores are visible to wgmma
+      fence_proxy_async_shared();  // ... and its copies, zero and dQ stores, to the async proxy
       __syncthreads();  // everyone's have; every warpgroup has waited for its wgmmas of it - 1
+      if (it > 0 && tid == 0) {  // 9 (of block it - 1): its staged dQ, as one bulk reduction
+        bulk_reduce_add_f32(dq_accum + (b * rows_padded + m0 - BM) * D, dq_stage, F::kDqBytes);
+        bulk_commit_group();
+      }
       if (it + 1 < n_iters) {
         const int64_t next = m0 + BM;
         const uint32_t other = (buf ^ 1u) * F::kQBytes;
@@ -391,7 +413,11 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
 
       // 8: dQ = dS K, once both warpgroups' dS^T is in shared memory. A: queries 64 dq_row ..
       // of the stored dS^T, MN-major (k-step kk: keys 16 kk .. + 15, 16 rows further; LBO
-      // unused at M = 64). B: head dims 64 dq_col .. of K, MN-major.
+      // unused at M = 64). B: head dims 64 dq_col .. of K, MN-major. The barrier also frees
+      // the dQ stage: the bulk reduction of block it - 1 (issued at the top) has read it.
+      if (tid == 0) {
+        bulk_wait_group_read_all();
+      }
       __syncthreads();
       float dq[32];
       wgmma_fence();
@@ -409,24 +435,33 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       wgmma_fence_operands(dk_acc);
       wgmma_fence_operands(dq);
 
-      // 9: dQ rows m0 + 64 dq_row + 16 (warp & 3) + g (+ 8), columns 64 dq_col + 8 j + 2 t.
-      float* const dq_rows = dq_accum +
-                             (b * rows_padded + m0 + 64 * dq_row + 16 * (warp & 3) + g) * D +
-                             64 * dq_col + 2 * t;
+      // 9: dQ to the stage: rows 64 dq_row + 16 (warp & 3) + g (+ 8) of the block (row & 7 ==
+      // g), columns 64 dq_col + 8 j + 2 t; one thread sends the stage to dq_accum after the
+      // next barrier (the top of the next iteration, or the epilogue's).
+      const uint32_t dq_row_bytes =
+          dq_stage + static_cast<uint32_t>((64 * dq_row + 16 * (warp & 3) + g) * D + 2 * t) * 4;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
+        const uint32_t chunk = static_cast<uint32_t>(swizzled_dq_chunk(8 * dq_col + j, g));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          red_add_f32x2(dq_rows + 8 * h * D + 8 * j, dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
+          st_shared_f32x2(dq_row_bytes + (8 * h * D + 8 * chunk) * 4, dq[4 * j + 2 * h],
+                          dq[4 * j + 2 * h + 1]);
         }
       }
     }
 
     // Epilogue: dK (times scale) and dV through this warp's own rows of the K and V tiles, then
     // 16-byte stores of whole rows. The barrier: no copies in flight, every warpgroup done with
-    // K (dQ reads all of its rows; each waited for its wgmmas above).
+    // K (dQ reads all of its rows; each waited for its wgmmas above), the last dQ staged.
     cp_async_wait<0>();
+    fence_proxy_async_shared();  // the dQ stores, to the bulk reduction
     __syncthreads();
+    if (n_iters > 0 && tid == 0) {
+      const int64_t last = m_begin + static_cast<int64_t>(n_iters - 1) * BM;
+      bulk_reduce_add_f32(dq_accum + (b * rows_padded + last) * D, dq_stage, F::kDqBytes);
+      bulk_commit_group();  // the next item's first restaging waits for it, as every one does
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = key_row0 + g + 8 * h;  // row & 7 == g
@@ -455,6 +490,9 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
     }
     __syncthreads();  // the next work item's copies overwrite the K and V tiles
   }
+  if (tid == 0) {
+    bulk_wait_group_all();  // the stage is read and dq_accum written before the CTA exits
+  }
 }
 
 template <typename T, class F>
@@ -474,8 +512,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
   wgmma_backward_cta<T, F>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows_padded,
                            longest_first);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  flash_backward_cta<T, typename F::Fallback>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv,
-                                              p, rows_padded, longest_first);
+  flash_backward_cta<T, typename F::Fallback, true>(q, k, v, dout, lse_log2, delta, dq_accum, dk,
+                                                    dv, p, rows_padded, longest_first);
 #endif
 }
 
@@ -489,7 +527,7 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
   if (!detail::has_tensor_core_image(kernel)) {
     return false;
   }
-  detail::backward<T, typename F::Fallback>(kernel, F::kSmemBytes, dout, q, k, v, out, lse,
+  detail::backward<T, typename F::Fallback, true>(kernel, F::kSmemBytes, dout, q, k, v, out, lse,
                                             lse_log2, delta, dq_accum, dq, dk, dv, p, stream);
   return true;
 }

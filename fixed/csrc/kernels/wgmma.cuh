@@ -69,6 +69,30 @@ __device__ __forceinline__ void wgmma_wait_group() {
 __device__ __forceinline__ void fence_proxy_async_shared() {
   FIXED_WGMMA_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// Bulk reduction (the TMA unit, sm_90; used beside the wgmmas, so under the same guard): adds
+// `bytes` of float32 at shared-memory `source` to global `destination` element by element,
+// asynchronously, as one request instead of a red.global per pair and thread. Both addresses
+// 16-byte aligned, bytes a multiple of 16. The issuing thread tracks it as a bulk group: commit,
+// then wait_group_read before the source is rewritten, wait_group before the CTA exits.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* destination, uint32_t source,
+                                                    uint32_t bytes) {
+  FIXED_WGMMA_ASM(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+          destination),
+      "r"(source), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() {
+  FIXED_WGMMA_ASM("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Until every committed bulk group has finished reading its shared-memory source.
+__device__ __forceinline__ void bulk_wait_group_read_all() {
+  FIXED_WGMMA_ASM("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Until every committed bulk group has completed (its global writes performed).
+__device__ __forceinline__ void bulk_wait_group_all() {
+  FIXED_WGMMA_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
 // The compiler does not know that a wgmma writes its accumulators asynchronously: an empty asm
 // that "modifies" them keeps their uses after the wait.
 template <int N>
