@@ -7,15 +7,16 @@ the matrix descriptors: CUTLASS's canonical 128-byte-swizzle layouts, K-major el
 start + (r // 8) SBO + (r % 8) 128 + 2 k, MN-major element (mn, k) at start + (mn // 64) LBO +
 (k // 8) SBO + (k % 8) 128 + 2 (mn % 64), then the swizzle on the address (bits 4-6 ^= bits
 7-9). Register fragments follow the wgmma accumulator and A layouts (wgmma.cuh). Everything
-else (descriptor start addresses, LBO and SBO, masks, lse and delta columns, dQ tiles, atomics
-rows, epilogue) transcribes the kernel's expressions, warpgroup by warpgroup, in the kernel's
-order. No rounding: a right mapping agrees with the reference to about 1e-15, a wrong one by
-O(1) (a swapped dS^T store, a wrong dQ column group, no swizzle: all caught).
+else (descriptor start addresses, LBO and SBO, masks, lse and delta columns, dQ tiles, the dQ
+stage and its swizzle, the dq kernel's read, epilogue) transcribes the kernel's expressions,
+warpgroup by warpgroup, in the kernel's order. No rounding: a right mapping agrees with the
+reference to about 1e-15, a wrong one by O(1) (a swapped dS^T store, a wrong dQ column group, no
+swizzle, a dQ stage or dq read without its swizzle: all caught).
 
-What it cannot tell: whether the descriptor model is the hardware's. The K-major and MN-major B
-layouts are those of flash_forward_sm90.cuh, which ran on an H200; the MN-major A of dQ
-(imm-trans-a) has not run anywhere yet. Only the GPU check (bwd_sm90_check.cu) settles it.
-Drafted with the kernel, before any GPU run (perf/NOTES.md, v13); needs torch (CPU) only."""
+What it cannot tell: whether the descriptor model is the hardware's; the GPU check
+(bwd_sm90_check.cu) settled that on an H200 (perf/NOTES.md, v13), and nothing about ordering
+(it runs the warpgroups one after the other). Drafted with the kernel, before any GPU run;
+needs torch (CPU) only."""
 
 import math
 import sys

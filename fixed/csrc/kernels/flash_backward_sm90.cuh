@@ -6,7 +6,7 @@
 // wgmma.cuh). A wgmma reads its shared-memory operands through descriptors, without the ldmatrix
 // round trips through registers that bound the mma.sync kernel (perf/NOTES.md, v2, v7, v8):
 // 1.2-1.3x its speed (v13). Each query block's dQ is staged in shared memory and added to the
-// workspace by one bulk reduction instead of per-thread atomics: 1.2x more (v14).
+// workspace by one bulk reduction instead of per-thread atomics: 1.2-1.3x more (v14).
 //
 // launch_flash_backward at the bottom is the glue's entry point: on a device of compute
 // capability 9.0 it takes bf16/fp16 at head dim 64 or 128 (the plain problem, 16-byte aligned
@@ -141,6 +141,10 @@ struct BackwardTile {
   // P^T fragments and S^T together with dP^T. ptxas (nvcc 13.0) fits both orders at both head
   // dims without spills (perf/NOTES.md, v13); false is the A/B to run on a GPU.
   static constexpr bool kEarlyDv = true;
+  // The warpgroup index read from lane 0 (CUTLASS's canonical_warp_group_idx), so that the
+  // descriptors of K, V and dQ are computed in uniform registers: measured on an H200 at S = 4096
+  // (perf/NOTES.md, v15), 4-5% faster at D = 64 and 1-3% slower at D = 128.
+  static constexpr bool kUniformWarpgroup = kHeadDim == 64;
   static constexpr uint32_t kRowBytes = 128;                     // one 64-element run
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;   // K or V
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;    // one buffer of Q or dO
@@ -222,7 +226,10 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int warpgroup = warp >> 2;
+  // Read from lane 0, the compiler knows it is the same across the warp and keeps the
+  // descriptor arithmetic that depends on it in uniform registers (kUniformWarpgroup).
+  const int warpgroup =
+      F::kUniformWarpgroup ? __shfl_sync(0xffffffffu, warp >> 2, 0) : warp >> 2;
   const int g = lane >> 2;  // fragment row (groupID)
   const int t = lane & 3;   // fragment column pair (threadID_in_group)
   const int key_row0 = warp * 16;  // = 64 warpgroup + 16 (warp & 3): this warp's first key

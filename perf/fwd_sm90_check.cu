@@ -1,0 +1,378 @@
+// Standalone check and timing of the wgmma forward (fixed/csrc/kernels/flash_forward_sm90.cuh)
+// against the mma.sync forward (flash_forward.cuh) and a float64 host reference: the bench for
+// a change to the forward kernel, run before the operator is built (perf/NOTES.md, v15). No
+// torch. Needs compute capability 9.0 (H100/H200). One command, from the repository root:
+//
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/fwd_sm90_check perf/fwd_sm90_check.cu && /tmp/fwd_sm90_check
+//
+// (`--no-timing` runs the checks only, `--timing-only` the timings only, `--seq N` times
+// L = S = N instead of 4096. Built for plain sm_90 and run with `--mma-sync-body`, it checks the
+// kernel's other body: flash_forward.cuh's mma.sync code, which images without wgmma run.)
+//
+// Checks: bf16 and fp16, head dims 64 and 128, causal and not, batch 3, (L, S) = (128, 128),
+// (1000, 1000), (300, 700), (700, 300), (257, 513) with a negative scale and (200, 200) with
+// scale 0; random inputs (fixed seed), outputs filled with NaN first; O's relative Frobenius
+// error and lse's largest absolute error against float64. A case fails if an output is not
+// finite, O's error exceeds 2 x the mma.sync kernel's + 1e-3, or lse's exceeds 1e-3. Whether
+// the two kernels agree bit for bit is printed (they did in v11: the same operations in the
+// same order), not judged. Exit status 1 if a case fails.
+// Timing: B x H = 64, L = S = 4096 (or --seq N), bf16, head dims 64 and 128, causal and not;
+// CUDA events around each launch, 3 warm-up launches, then 20 rounds alternating the two
+// kernels; medians and TFLOP/s (4 B H L S D, half that when causal).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "../fixed/csrc/kernels/flash_forward_sm90.cuh"
+
+namespace fk = fixed_attention::kernels;
+namespace sm90 = fixed_attention::kernels::flash::sm90;
+
+#define CHECK_CUDA(call)                                                               \
+  do {                                                                                 \
+    const cudaError_t status_ = (call);                                                \
+    if (status_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
+                   cudaGetErrorString(status_));                                       \
+      std::exit(2);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+__global__ void image_probe(int* out) {  // 1 where this image has the wgmma body
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+template <typename T>
+float to_f(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(x);
+  } else {
+    return __half2float(x);
+  }
+}
+template <typename T>
+T from_f(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return __float2half_rn(x);
+  }
+}
+template <typename T>
+const char* type_name() {
+  return std::is_same_v<T, __nv_bfloat16> ? "bf16" : "fp16";
+}
+
+template <class Body>
+void parallel_for(int64_t n, Body body) {
+  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int w = 0; w < threads; ++w) {
+    pool.emplace_back([&, w] {
+      for (int64_t i = w; i < n; i += threads) {
+        body(i);
+      }
+    });
+  }
+  for (auto& thread : pool) {
+    thread.join();
+  }
+}
+
+// The float64 forward on the rounded inputs: out (B, L, D), lse (B, L), natural log.
+void reference(const std::vector<double>& q, const std::vector<double>& k,
+               const std::vector<double>& v, int64_t B, int64_t L, int64_t S, int64_t D,
+               double scale, bool causal, std::vector<double>& out, std::vector<double>& lse) {
+  out.assign(B * L * D, 0.0);
+  lse.assign(B * L, 0.0);
+  parallel_for(B * L, [&](int64_t row) {
+    const int64_t b = row / L, i = row % L;
+    const int64_t visible = causal ? std::min<int64_t>(S, i + 1) : S;  // keys j <= i
+    std::vector<double> score(visible);
+    double row_max = -INFINITY;
+    for (int64_t j = 0; j < visible; ++j) {
+      double dot = 0.0;
+      for (int64_t d = 0; d < D; ++d) {
+        dot += q[row * D + d] * k[(b * S + j) * D + d];
+      }
+      score[j] = scale * dot;
+      row_max = std::max(row_max, score[j]);
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < visible; ++j) {
+      sum += std::exp(score[j] - row_max);
+    }
+    lse[row] = row_max + std::log(sum);
+    for (int64_t j = 0; j < visible; ++j) {
+      const double p = std::exp(score[j] - lse[row]);
+      for (int64_t d = 0; d < D; ++d) {
+        out[row * D + d] += p * v[(b * S + j) * D + d];
+      }
+    }
+  });
+}
+
+template <typename T>
+T* device_copy(const std::vector<T>& host) {
+  T* device = nullptr;
+  CHECK_CUDA(cudaMalloc(&device, host.size() * sizeof(T)));
+  CHECK_CUDA(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return device;
+}
+template <typename T>
+std::vector<T> download(const T* device, size_t n) {
+  std::vector<T> host(n);
+  CHECK_CUDA(cudaMemcpy(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+constexpr int kKernels = 2;
+const char* const kKernelNames[kKernels] = {"mma.sync", "wgmma"};
+
+// Kernel `which` through its launcher; false if it declined the case.
+template <typename T>
+bool run_forward(int which, const T* q, const T* k, const T* v, T* out, float* lse,
+                 const fk::AttentionProblem& p) {
+  if (which == 0) {
+    return fk::launch_flash_forward(q, k, v, out, lse, p, nullptr);
+  }
+  return p.head_dim == 64 ? sm90::launch<T, sm90::Tile<64>>(q, k, v, out, lse, p, nullptr)
+                          : sm90::launch<T, sm90::Tile<128>>(q, k, v, out, lse, p, nullptr);
+}
+
+struct Case {
+  int64_t len_q, len_kv;
+  double scale_factor;  // the scale is scale_factor / sqrt(D)
+};
+
+template <typename T>
+bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
+  const int64_t B = 3, L = c.len_q, S = c.len_kv;
+  const double scale = c.scale_factor / std::sqrt(static_cast<double>(D));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto make = [&](int64_t n, std::vector<T>& rounded, std::vector<double>& exact) {
+    rounded.resize(n);
+    exact.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      rounded[i] = from_f<T>(static_cast<float>(normal(rng)));
+      exact[i] = to_f(rounded[i]);
+    }
+  };
+  std::vector<T> hq, hk, hv;
+  std::vector<double> q, k, v, ref_out, ref_lse;
+  make(B * L * D, hq, q);
+  make(B * S * D, hk, k);
+  make(B * S * D, hv, v);
+  reference(q, k, v, B, L, S, D, scale, causal, ref_out, ref_lse);
+
+  const fk::AttentionProblem p{B, L, S, D, static_cast<float>(scale), causal};
+  T* const dq = device_copy(hq);
+  T* const dk = device_copy(hk);
+  T* const dv = device_copy(hv);
+  T* dout = nullptr;
+  float* dlse = nullptr;
+  CHECK_CUDA(cudaMalloc(&dout, B * L * D * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&dlse, B * L * sizeof(float)));
+
+  std::printf("%s D=%3lld causal=%d L=%4lld S=%4lld scale=%+.4f |", type_name<T>(),
+              static_cast<long long>(D), causal ? 1 : 0, static_cast<long long>(L),
+              static_cast<long long>(S), scale);
+  double out_error[kKernels], lse_error[kKernels];
+  std::vector<T> outs[kKernels];
+  std::vector<float> lses[kKernels];
+  bool ok = true;
+  for (int which = 0; which < kKernels; ++which) {
+    CHECK_CUDA(cudaMemset(dout, 0xFF, B * L * D * sizeof(T)));  // NaN: unwritten shows up
+    CHECK_CUDA(cudaMemset(dlse, 0xFF, B * L * sizeof(float)));
+    if (!run_forward(which, dq, dk, dv, dout, dlse, p)) {
+      std::printf(" %s declined FAIL\n", kKernelNames[which]);
+      return false;
+    }
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaDeviceSynchronize());
+    outs[which] = download(dout, B * L * D);
+    lses[which] = download(dlse, B * L);
+    double num = 0.0, den = 0.0, worst_lse = 0.0;
+    for (int64_t i = 0; i < B * L * D; ++i) {
+      const double value = to_f(outs[which][i]);
+      num += std::isfinite(value) ? (value - ref_out[i]) * (value - ref_out[i]) : INFINITY;
+      den += ref_out[i] * ref_out[i];
+    }
+    for (int64_t i = 0; i < B * L; ++i) {
+      const double value = lses[which][i];
+      worst_lse = std::max(worst_lse, std::isfinite(value) ? std::fabs(value - ref_lse[i])
+                                                           : static_cast<double>(INFINITY));
+    }
+    out_error[which] = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+    lse_error[which] = worst_lse;
+    std::printf(" %s O %.2e lse %.1e |", kKernelNames[which], out_error[which], worst_lse);
+  }
+  for (int which = 1; which < kKernels; ++which) {
+    ok = ok && std::isfinite(out_error[which]) &&
+         out_error[which] <= 2.0 * out_error[0] + 1e-3 && lse_error[which] <= 1e-3;
+  }
+  const bool identical =
+      std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(T)) == 0 &&
+      std::memcmp(lses[0].data(), lses[1].data(), lses[0].size() * sizeof(float)) == 0;
+  std::printf(" %s %s\n", identical ? "bit-identical" : "not bit-identical", ok ? "ok" : "FAIL");
+  for (void* pointer : {static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                        static_cast<void*>(dout), static_cast<void*>(dlse)}) {
+    CHECK_CUDA(cudaFree(pointer));
+  }
+  return ok;
+}
+
+template <typename T>
+__global__ void fill_kernel(T* x, int64_t n, uint32_t salt) {  // uniform in (-1, 1), hashed
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ salt;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    const float value = static_cast<float>(h & 0xFFFFFF) / 8388608.f - 1.f;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      x[i] = __float2bfloat16_rn(value);
+    } else {
+      x[i] = __float2half_rn(value);
+    }
+  }
+}
+
+template <typename T>
+void time_case(int64_t D, bool causal, int64_t length) {
+  const int64_t B = 64, L = length, S = length;
+  const fk::AttentionProblem p{B, L, S, D, static_cast<float>(1.0 / std::sqrt(double(D))),
+                               causal};
+  T *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
+  float* lse = nullptr;
+  uint32_t salt = 1;
+  for (T** tensor : {&q, &k, &v, &out}) {
+    CHECK_CUDA(cudaMalloc(tensor, B * L * D * sizeof(T)));
+    fill_kernel<T><<<1024, 256>>>(*tensor, B * L * D, 0x9E3779B9u * salt++);
+  }
+  CHECK_CUDA(cudaMalloc(&lse, B * L * sizeof(float)));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (int warm = 0; warm < 3; ++warm) {
+    for (int which = 0; which < kKernels; ++which) {
+      if (!run_forward(which, q, k, v, out, lse, p)) {
+        std::fprintf(stderr, "%s declined the timing case\n", kKernelNames[which]);
+        std::exit(2);
+      }
+    }
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> ms[kKernels];
+  for (int round = 0; round < 20; ++round) {
+    for (int which = 0; which < kKernels; ++which) {
+      CHECK_CUDA(cudaEventRecord(start));
+      run_forward(which, q, k, v, out, lse, p);
+      CHECK_CUDA(cudaEventRecord(stop));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      CHECK_CUDA(cudaGetLastError());
+      float elapsed = 0.f;
+      CHECK_CUDA(cudaEventElapsedTime(&elapsed, start, stop));
+      ms[which].push_back(elapsed);
+    }
+  }
+  const double flops = 4.0 * static_cast<double>(B) * L * S * D * (causal ? 0.5 : 1.0);
+  std::printf("%s B*H=%lld L=S=%lld D=%3lld causal=%d |", type_name<T>(),
+              static_cast<long long>(B), static_cast<long long>(L), static_cast<long long>(D),
+              causal ? 1 : 0);
+  double median[kKernels];
+  for (int which = 0; which < kKernels; ++which) {
+    std::sort(ms[which].begin(), ms[which].end());
+    median[which] = 0.5 * (ms[which][9] + ms[which][10]);
+    std::printf(" %s %.3f ms %.0f TFLOP/s |", kKernelNames[which], median[which],
+                flops / (median[which] * 1e-3) / 1e12);
+  }
+  std::printf(" wgmma / mma.sync speed %.2fx\n", median[0] / median[1]);
+  for (void* pointer : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v),
+                        static_cast<void*>(out), static_cast<void*>(lse)}) {
+    CHECK_CUDA(cudaFree(pointer));
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+}
+
+int main(int argc, char** argv) {
+  bool checks = true, timing = true, mma_sync_body = false;
+  int64_t length = 4096;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--no-timing") == 0) {
+      timing = false;
+    } else if (std::strcmp(argv[i], "--timing-only") == 0) {
+      checks = false;
+    } else if (std::strcmp(argv[i], "--mma-sync-body") == 0) {
+      mma_sync_body = true;
+    } else if (std::strcmp(argv[i], "--seq") == 0 && i + 1 < argc &&
+               (length = std::atoll(argv[i + 1])) >= 128 && length <= 32768) {
+      ++i;
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--no-timing | --timing-only] [--seq N (128-32768)] "
+                   "[--mma-sync-body]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  int device = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  int* probe = nullptr;
+  int sm90a = 0;
+  CHECK_CUDA(cudaMalloc(&probe, sizeof(int)));
+  image_probe<<<1, 1>>>(probe);
+  CHECK_CUDA(cudaMemcpy(&sm90a, probe, sizeof(int), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaFree(probe));
+  std::printf("device: %s (compute capability %d.%d); image: %s\n", prop.name, prop.major,
+              prop.minor, sm90a ? "sm_90a (wgmma body)" : "not sm_90a (mma.sync body)");
+  if (prop.major != 9 || prop.minor != 0 || sm90a == mma_sync_body) {
+    std::printf("needs compute capability 9.0 and the sm_90a image (see the build command), or "
+                "with --mma-sync-body an image without it\n");
+    return 2;
+  }
+  int failures = 0, cases = 0;
+  if (checks) {
+    const Case shapes[] = {{128, 128, 1.0},  {1000, 1000, 1.0}, {300, 700, 1.0},
+                           {700, 300, 1.0},  {257, 513, -0.7},  {200, 200, 0.0}};
+    uint64_t seed = 20261124;
+    for (int64_t D : {64, 128}) {
+      for (bool causal : {false, true}) {
+        for (const Case& c : shapes) {
+          failures += check_case<__nv_bfloat16>(D, causal, c, seed++) ? 0 : 1;
+          failures += check_case<__half>(D, causal, c, seed++) ? 0 : 1;
+          cases += 2;
+        }
+      }
+    }
+    std::printf("%d of %d cases passed\n", cases - failures, cases);
+  }
+  if (timing) {
+    for (int64_t D : {64, 128}) {
+      for (bool causal : {false, true}) {
+        time_case<__nv_bfloat16>(D, causal, length);
+      }
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
