@@ -141,9 +141,11 @@ def max_abs_error(got, want) -> float:
 
 def peer_slack(dtype) -> float:
     """peer_check's absolute slack: one unit of rounding in half types; in float32, where the
-    summation order dominates, 64 (measured on an H200: 2.8e-6, 23 units, for a key gradient
-    that is exactly zero, causal L=77, S=1, summed over 77 rows)."""
-    return torch.finfo(dtype).eps * (64 if dtype == torch.float32 else 1)
+    summation order dominates, 256. The case that sets it: a key gradient that is exactly zero
+    (causal L=77, S=1: dS = dP - delta, each rounded), summed over 77 rows and scaled. Measured
+    on an H200: 2.8e-6 (23 units) at the default scale, and 7.6e-6 to 8.8e-6 (64-74 units) at
+    scale -0.3, over the former 64 units in 5 of 15 runs of test_causal_scale_and_lengths."""
+    return torch.finfo(dtype).eps * (256 if dtype == torch.float32 else 1)
 
 
 def peer_check(name, kernel, peer, reference, slack, where, factor=2.0):
