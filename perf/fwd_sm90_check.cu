@@ -34,65 +34,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "sm90_check_common.cuh"
 #include "../fixed/csrc/kernels/flash_forward_sm90.cuh"
 
 namespace fk = fixed_attention::kernels;
 namespace sm90 = fixed_attention::kernels::flash::sm90;
-
-#define CHECK_CUDA(call)                                                               \
-  do {                                                                                 \
-    const cudaError_t status_ = (call);                                                \
-    if (status_ != cudaSuccess) {                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                   cudaGetErrorString(status_));                                       \
-      std::exit(2);                                                                    \
-    }                                                                                  \
-  } while (0)
-
-__global__ void image_probe(int* out) {  // 1 where this image has the wgmma body
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  *out = 1;
-#else
-  *out = 0;
-#endif
-}
-
-template <typename T>
-float to_f(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(x);
-  } else {
-    return __half2float(x);
-  }
-}
-template <typename T>
-T from_f(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(x);
-  } else {
-    return __float2half_rn(x);
-  }
-}
-template <typename T>
-const char* type_name() {
-  return std::is_same_v<T, __nv_bfloat16> ? "bf16" : "fp16";
-}
-
-template <class Body>
-void parallel_for(int64_t n, Body body) {
-  const int threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int w = 0; w < threads; ++w) {
-    pool.emplace_back([&, w] {
-      for (int64_t i = w; i < n; i += threads) {
-        body(i);
-      }
-    });
-  }
-  for (auto& thread : pool) {
-    thread.join();
-  }
-}
 
 // The float64 forward on the rounded inputs: out (B, L, D), lse (B, L), natural log.
 void reference(const std::vector<double>& q, const std::vector<double>& k,
@@ -127,19 +73,6 @@ void reference(const std::vector<double>& q, const std::vector<double>& k,
   });
 }
 
-template <typename T>
-T* device_copy(const std::vector<T>& host) {
-  T* device = nullptr;
-  CHECK_CUDA(cudaMalloc(&device, host.size() * sizeof(T)));
-  CHECK_CUDA(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return device;
-}
-template <typename T>
-std::vector<T> download(const T* device, size_t n) {
-  std::vector<T> host(n);
-  CHECK_CUDA(cudaMemcpy(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return host;
-}
 
 constexpr int kKernels = 2;
 const char* const kKernelNames[kKernels] = {"mma.sync", "wgmma"};
@@ -154,11 +87,6 @@ bool run_forward(int which, const T* q, const T* k, const T* v, T* out, float* l
   return p.head_dim == 64 ? sm90::launch<T, sm90::Tile<64>>(q, k, v, out, lse, p, nullptr)
                           : sm90::launch<T, sm90::Tile<128>>(q, k, v, out, lse, p, nullptr);
 }
-
-struct Case {
-  int64_t len_q, len_kv;
-  double scale_factor;  // the scale is scale_factor / sqrt(D)
-};
 
 template <typename T>
 bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
@@ -239,23 +167,6 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
 }
 
 template <typename T>
-__global__ void fill_kernel(T* x, int64_t n, uint32_t salt) {  // uniform in (-1, 1), hashed
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ salt;
-    h ^= h >> 15;
-    h *= 0x2C1B3C6Du;
-    h ^= h >> 12;
-    const float value = static_cast<float>(h & 0xFFFFFF) / 8388608.f - 1.f;
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      x[i] = __float2bfloat16_rn(value);
-    } else {
-      x[i] = __float2half_rn(value);
-    }
-  }
-}
-
-template <typename T>
 void time_case(int64_t D, bool causal, int64_t length) {
   const int64_t B = 64, L = length, S = length;
   const fk::AttentionProblem p{B, L, S, D, static_cast<float>(1.0 / std::sqrt(double(D))),
@@ -314,51 +225,16 @@ void time_case(int64_t D, bool causal, int64_t length) {
 }
 
 int main(int argc, char** argv) {
-  bool checks = true, timing = true, mma_sync_body = false;
-  int64_t length = 4096;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--no-timing") == 0) {
-      timing = false;
-    } else if (std::strcmp(argv[i], "--timing-only") == 0) {
-      checks = false;
-    } else if (std::strcmp(argv[i], "--mma-sync-body") == 0) {
-      mma_sync_body = true;
-    } else if (std::strcmp(argv[i], "--seq") == 0 && i + 1 < argc &&
-               (length = std::atoll(argv[i + 1])) >= 128 && length <= 32768) {
-      ++i;
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--no-timing | --timing-only] [--seq N (128-32768)] "
-                   "[--mma-sync-body]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
-  int device = 0;
-  CHECK_CUDA(cudaGetDevice(&device));
-  cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
-  int* probe = nullptr;
-  int sm90a = 0;
-  CHECK_CUDA(cudaMalloc(&probe, sizeof(int)));
-  image_probe<<<1, 1>>>(probe);
-  CHECK_CUDA(cudaMemcpy(&sm90a, probe, sizeof(int), cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaFree(probe));
-  std::printf("device: %s (compute capability %d.%d); image: %s\n", prop.name, prop.major,
-              prop.minor, sm90a ? "sm_90a (wgmma body)" : "not sm_90a (mma.sync body)");
-  if (prop.major != 9 || prop.minor != 0 || sm90a == mma_sync_body) {
-    std::printf("needs compute capability 9.0 and the sm_90a image (see the build command), or "
-                "with --mma-sync-body an image without it\n");
+  CheckOptions options;
+  if (!parse_options(argc, argv, options) || !device_ready(options.mma_sync_body)) {
     return 2;
   }
   int failures = 0, cases = 0;
-  if (checks) {
-    const Case shapes[] = {{128, 128, 1.0},  {1000, 1000, 1.0}, {300, 700, 1.0},
-                           {700, 300, 1.0},  {257, 513, -0.7},  {200, 200, 0.0}};
+  if (options.checks) {
     uint64_t seed = 20261124;
     for (int64_t D : {64, 128}) {
       for (bool causal : {false, true}) {
-        for (const Case& c : shapes) {
+        for (const Case& c : kCheckShapes) {
           failures += check_case<__nv_bfloat16>(D, causal, c, seed++) ? 0 : 1;
           failures += check_case<__half>(D, causal, c, seed++) ? 0 : 1;
           cases += 2;
@@ -367,10 +243,10 @@ int main(int argc, char** argv) {
     }
     std::printf("%d of %d cases passed\n", cases - failures, cases);
   }
-  if (timing) {
+  if (options.timing) {
     for (int64_t D : {64, 128}) {
       for (bool causal : {false, true}) {
-        time_case<__nv_bfloat16>(D, causal, length);
+        time_case<__nv_bfloat16>(D, causal, options.length);
       }
     }
   }
