@@ -229,3 +229,18 @@ def test_catalog_knows_round_one_and_hints_ask_round_two(tmp_path):
     assert second.hints[0] in hints.next_hint(second.id, state)
     with pytest.raises(KataError, match=f"round two: {second.id}"):
         hints.next_hint("nosuchid", state)
+
+
+def test_shared_libraries_build_side_by_side(tmp_path, monkeypatch):
+    """Reviews running at once (pytest -n, two terminals) build the planted library at the same
+    moment; each build must survive the others (they once shared one partial file, and all but
+    one failed with FileNotFoundError)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(builders, "BUILD_DIR", tmp_path / "build")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        built = list(pool.map(lambda _: builders.build_planted_library(), range(8)))
+    assert set(built) == {tmp_path / "build" / "planted" / builders.LIBRARY_NAME}
+    assert built[0].stat().st_size > 0
+    leftovers = sorted(p.name for p in built[0].parent.iterdir())
+    assert leftovers == ["custom_attention.so", "planted.c"], leftovers

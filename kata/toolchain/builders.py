@@ -43,6 +43,14 @@ def _run_compiler(command: list[str], purpose: str) -> None:
         raise KataError(f"cannot {purpose}: {Path(command[0]).name} failed:\n{output}")
 
 
+def _write_text_atomically(path: Path, text: str) -> None:
+    """Readers see the old text or the new, never a half-written file: reviews that run side by
+    side (pytest -n, two terminals) build the shared libraries at the same moment."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, delete=False) as file:
+        file.write(text)
+    os.replace(file.name, path)
+
+
 def _sources_digest(directory: Path, sources: list[str]) -> str:
     digest = hashlib.sha256()
     for name in sources:
@@ -94,7 +102,7 @@ def build_vendor_library(directory: Path, flavour: str | None = None, force=Fals
         _run_compiler([compiler, *flags, str(main_source), "-o", str(partial)], purpose)
         os.replace(partial, library)  # never leave a half-written library behind
     stamp = {"flavour": flavour, "sources": _sources_digest(directory, sources)}
-    (directory / STAMP_NAME).write_text(json.dumps(stamp))
+    _write_text_atomically(directory / STAMP_NAME, json.dumps(stamp))
     return library
 
 
@@ -120,7 +128,7 @@ def build_reference_library(flavour: str | None = None) -> Path:
             path = directory / name
             if not path.exists() or path.read_text() != text:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
+                _write_text_atomically(path, text)
     return build_vendor_library(directory, flavour)
 
 
@@ -152,10 +160,15 @@ def build_planted_library() -> Path:
     purpose = "build the planted library of the library-path probe"
     compiler = _require_tool("gcc", purpose, "install a C compiler: apt-get install gcc")
     target.parent.mkdir(parents=True, exist_ok=True)
-    source.write_text(PLANTED_SOURCE)
-    partial = target.with_suffix(".partial")
-    _run_compiler([compiler, "-O1", "-shared", "-fPIC", str(source), "-o", str(partial)], purpose)
-    os.replace(partial, target)
+    # Each build in a scratch directory of its own, as build_vendor_library does: reviews that
+    # run side by side would otherwise compile into, and move away, one another's files.
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        scratch_source, partial = Path(scratch) / source.name, Path(scratch) / LIBRARY_NAME
+        scratch_source.write_text(PLANTED_SOURCE)
+        command = [compiler, "-O1", "-shared", "-fPIC", str(scratch_source), "-o", str(partial)]
+        _run_compiler(command, purpose)
+        os.replace(partial, target)
+        os.replace(scratch_source, source)
     return target
 
 
