@@ -1,5 +1,6 @@
-"""fast_attention and the Python side of the fixed_attention operators: fake kernels (meta
-tensors, torch.compile) and the autograd formula, as pytorch/extension-cpp registers them."""
+"""fast_attention and the Python side of the fixed_attention operators: the fake kernels (meta
+tensors, torch.compile), as pytorch/extension-cpp registers them. The autograd formula is C++
+(csrc/attention.cpp), for its host time."""
 
 from __future__ import annotations
 
@@ -52,11 +53,6 @@ def fast_attention(
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
         # A tensor scale would be read back to the host (a sync) or traced as a constant.
         raise TypeError(f"scale must be a float or None; got {type(scale).__name__}")
-    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
-        raise NotImplementedError(
-            "fast_attention computes no gradient for attn_mask: detach it, or use "
-            "torch.nn.functional.scaled_dot_product_attention for a learned mask"
-        )
     if query.dim() >= 2 and key.dim() >= 2 and value.dim() >= 2:
         query, key, value = _broadcast_leading_dims(query, key, value, enable_gqa)
     if scale is None:
@@ -67,13 +63,8 @@ def fast_attention(
     if dropout_p > 0:
         # From torch's default generator: torch.manual_seed replays the same keep mask.
         seed = torch.randint(0, 2**62, (), dtype=torch.int64)
-    # SDPA's other arguments only when given: parsing explicit defaults costs a plain call
-    # about 7 µs of host time (measured on the CPU), a third of the operator's overhead.
-    extras = ()
-    if attn_mask is not None or enable_gqa or dropout_p > 0:
-        extras = (attn_mask, enable_gqa, float(dropout_p), seed)
     output, _ = torch.ops.fixed_attention.attention_forward(
-        query, key, value, float(scale), is_causal, *extras
+        query, key, value, float(scale), is_causal, attn_mask, enable_gqa, float(dropout_p), seed
     )
     return output
 
@@ -250,56 +241,6 @@ def _attention_backward_fake(
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    query, key, value, scale, causal, attn_mask, enable_gqa, dropout_p, dropout_seed = inputs
-    out, logsumexp = output
-    ctx.save_for_backward(query, key, value, out, logsumexp)
-    # The mask and the seed are inputs the backward needs as they were: neither is differentiated.
-    ctx.attn_mask, ctx.dropout_seed = attn_mask, dropout_seed
-    ctx.scale, ctx.causal, ctx.enable_gqa, ctx.dropout_p = scale, causal, enable_gqa, dropout_p
-    # logsumexp is an auxiliary output for the backward: no gradient flows through it.
-    ctx.mark_non_differentiable(logsumexp)
-
-
-def _backward(ctx, grad_output, _grad_logsumexp):
-    query, key, value, out, logsumexp = ctx.saved_tensors
-    grad_query, grad_key, grad_value = torch.ops.fixed_attention.attention_backward(
-        grad_output,
-        query,
-        key,
-        value,
-        out,
-        logsumexp,
-        ctx.scale,
-        ctx.causal,
-        ctx.attn_mask,
-        ctx.enable_gqa,
-        ctx.dropout_p,
-        ctx.dropout_seed,
-    )
-    return grad_query, grad_key, grad_value, None, None, None, None, None, None
-
-
-torch.library.register_autograd(
-    "fixed_attention::attention_forward", _backward, setup_context=_setup_context
-)
-
-
-# The backward's own backward (second-order gradients) is not implemented. Without this, autograd
-# would treat attention_backward as a constant and return silently zero second derivatives; this
-# makes the second differentiation raise instead (correct or loud).
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError(
-        "fast_attention: double backward (second-order gradients, e.g. a Hessian-vector "
-        "product or gradient penalty) is not supported; use "
-        "torch.nn.functional.scaled_dot_product_attention's math backend for that"
-    )
-
-
-def _nothing_to_save(ctx, inputs, output):
-    pass
-
-
-torch.library.register_autograd(
-    "fixed_attention::attention_backward", _no_double_backward, setup_context=_nothing_to_save
-)
+# The autograd formula (and the refusal of second-order gradients) is registered in C++, under
+# the Autograd key (csrc/attention.cpp): register_autograd's Python path cost more host time
+# per training step than the kernels themselves.

@@ -131,6 +131,9 @@ def test_mask_that_requires_grad_is_not_implemented(rng):
         fixed.fast_attention(q, k, v, attn_mask=mask)
     with pytest.raises(NotImplementedError, match="attn_mask"):
         fixed.fast_attention(q.requires_grad_(True), k, v, attn_mask=mask * 2)
+    # The operator itself refuses it, for callers that skip fast_attention.
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        torch.ops.fixed_attention.attention_forward(q, k, v, 0.5, False, mask)
 
 
 def test_mask_on_another_device(rng):
