@@ -4,6 +4,7 @@ CANDIDATE ?=
 ROUND ?= 1
 MARKDOWN ?=
 DEST ?=
+PYTEST_ARGS ?=
 KATA := $(PYTHON) -m kata
 
 .DEFAULT_GOAL := help
@@ -30,8 +31,8 @@ kata: deps ## the candidate's checks: one line per flaw, red until every flaw is
 watch: deps ## re-run the candidate's checks whenever a file under flawed/ is saved
 	@$(KATA) watch
 
-test: deps lint ## fixed/ passes, shipped flawed/ fails, harness and rubric agree
-	@$(PYTHON) -m pytest
+test: deps lint ## fixed/ passes, shipped flawed/ fails, harness and rubric agree (PYTEST_ARGS=...)
+	@$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 lint: deps ## ruff check and ruff format --check
 	@ruff check .
