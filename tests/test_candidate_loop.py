@@ -29,6 +29,7 @@ from kata.harness.isolation import Implementation, ProbeResult
 from kata.harness.review import FlawReport, Machine, Review
 from kata.interviewer.handout import build_handout
 from kata.toolchain import shipped
+from tests.terminal_support import sigint_at_default
 
 WRAPPER = "flawed/attention_wrapper.py"
 SHIPPED_WRAPPER = shipped.shipped()["attention_wrapper.py"]
@@ -297,6 +298,7 @@ def test_watch_rechecks_on_save_and_counts_the_dtype_fix(shipped_handout):
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own process group, as a terminal would give it
+        preexec_fn=sigint_at_default,
     )
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in watch.stdout])

@@ -20,6 +20,7 @@ from kata.harness import catalog, hints
 from kata.harness.catalog import CATALOG
 from kata.interviewer.handout import build_handout
 from kata.toolchain import builders
+from tests.terminal_support import sigint_at_default
 
 ROUND_ONE_IDS = ", ".join(flaw.id for flaw in CATALOG)
 
@@ -148,6 +149,7 @@ def test_ctrl_c_stops_review_with_one_line_and_no_probe_left(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_at_default,
     )
     deadline = time.monotonic() + 60
     while len(list(pids.iterdir())) < len(only) and time.monotonic() < deadline:

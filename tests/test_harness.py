@@ -26,6 +26,7 @@ from kata.harness.remote import MAX_ANSWER_BYTES, Remote, RunnerStopped
 from kata.harness.review import resolve_implementation, run_review
 from kata.harness.rubric import rubric_section
 from kata.toolchain import builders, shipped
+from tests.terminal_support import sigint_at_default
 
 FAST_PROBES = ["shape", "contiguity"]  # two cheap probes: enough to see a review complete
 
@@ -135,6 +136,7 @@ def test_ctrl_c_leaves_no_probe_running(candidate, tmp_path):
         env=dict(os.environ, KATA_SANDBOX="off"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=sigint_at_default,
     )
     deadline = time.monotonic() + 60
     while len(list(pids.iterdir())) < len(FAST_PROBES) and time.monotonic() < deadline:
