@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -154,6 +155,62 @@ def test_ctrl_c_leaves_no_probe_running(candidate, tmp_path):
     time.sleep(0.5)
     alive = [pid for pid in started if _alive(pid)]
     assert not alive, f"probe processes outlived the stopped review: {alive}"
+
+
+@pytest.mark.parametrize("confinement", ["sandboxed", "unconfined"])
+def test_a_killed_review_leaves_no_probe_running(candidate, confinement):
+    """A review killed outright (SIGKILL; a closed terminal's SIGHUP likewise) runs no cleanup:
+    its probes, hung in the candidate's code, must end with it, not spin on."""
+    impl = candidate("def fast_attention(q, k, v):\n    while True:\n        pass\n")
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"  # in the environment of all the review starts
+    env = dict(os.environ, KATA_TEST_MARK=mark)
+    if confinement == "unconfined":
+        env["KATA_SANDBOX"] = "off"
+    review = subprocess.Popen(
+        [sys.executable, "-m", "kata", "review", "--impl", str(impl.path), "--only", *FAST_PROBES],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            runners = [p for p in _processes_marked(mark) if "kata_runner.py" in p[1]]
+            if len(runners) >= len(FAST_PROBES):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the probes' runners did not start")
+        time.sleep(3)  # into the candidate's loop
+        review.kill()
+        review.wait()
+        deadline = time.monotonic() + 15
+        while _processes_marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _processes_marked(mark)
+        assert not left, f"probe processes outlived the killed review: {left}"
+    finally:
+        review.kill()
+        for pid, _ in _processes_marked(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _processes_marked(mark: str) -> list[tuple[int, str]]:
+    """(pid, command line) of the live processes with KATA_TEST_MARK=mark in their environment."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environment = (entry / "environ").read_bytes().split(b"\0")
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"KATA_TEST_MARK={mark}".encode() in environment and _alive(int(entry.name)):
+            found.append((int(entry.name), command[:200]))
+    return found
 
 
 def _alive(pid: int) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kata import REPO_ROOT
-from kata.harness import sandbox
+from kata.harness import lifeline, sandbox
 from kata.harness.child import MARKER
 from kata.harness.remote import RUNNER, death
 
@@ -102,6 +102,7 @@ def run_isolated(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group: a timeout kills all it started
+                preexec_fn=lifeline.die_with_this_thread(),  # and it dies with this review
             )
             _running.add(process)
         try:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from kata.harness import lifeline
+
 RUNNER = Path(__file__).resolve().with_name("runner.py")
 # The most an answer may take: 8 x the largest a probe asks for (the stream probe's output, a
 # (32, 4096, 64) float32 tensor, 32 MiB). The runner is the candidate's: a length past this is
@@ -141,6 +143,7 @@ class Remote:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            preexec_fn=lifeline.die_with_this_thread(),  # dies with the judge
         )
         self.drainer = threading.Thread(target=self._drain, daemon=True)
         self.drainer.start()
