@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-PR_SET_PDEATHSIG = 1
+from kata.harness.sandbox import PR_SET_PDEATHSIG
 
 
 def die_with_this_thread() -> Callable[[], None] | None:
