@@ -1,21 +1,31 @@
 """Build the fixed_attention operators once, into fixed/_build/, and load them.
 
-The cold build goes through torch.utils.cpp_extension.load (ninja, its file lock for parallel
-importers, its own rebuild detection). A warm import skips it: importing cpp_extension pulls in
-setuptools and load() runs ninja, which together cost more than the budget of a warm import.
-Instead, after every successful load() the library is copied to a file named after a stamp
-(a hash of the sources, torch version, flavour and flags); when that file exists it is loaded
-directly. It only ever appears by an atomic rename, so no importer can load it half-written.
+A warm import loads a library named after a stamp (a hash of the sources, torch version, flavour,
+flags and CUDA archs) straight away: no cpp_extension, no setuptools, no ninja. A cold import
+builds it with torch.utils.cpp_extension.load (ninja) in a child process, for three reasons:
+- the build is bounded: it says what it is doing, and gives up after FIXED_BUILD_TIMEOUT seconds
+  (the child's whole process group, compilers included, is killed), never waiting silently;
+- one importer builds at a time, under an flock() on fixed-build.lock, which the kernel drops
+  when its holders die, so no leftover file can block a later import (the child inherits the
+  lock: a build orphaned by its importer's death still holds it until it ends);
+- an interrupted build resumes: ninja redoes only the steps that did not finish.
+The stamped library only ever appears by an atomic rename, so nobody loads it half-written.
+Only public cpp_extension behaviour is used: load() and the TORCH_CUDA_ARCH_LIST variable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import hashlib
 import os
 import shlex
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -24,6 +34,9 @@ _PACKAGE = Path(__file__).resolve().parent
 _CSRC = _PACKAGE / "csrc"
 _CPU_SOURCES = ("attention.cpp", "checks.cpp", "attention_cpu.cpp")
 _CUDA_SOURCE = "attention_cuda.cu"
+_LOCK_NAME = "fixed-build.lock"  # not "lock": cpp_extension takes that one itself
+_DEFAULT_TIMEOUT_S = {"cpu": 600, "cuda": 1800}
+_PROGRESS_EVERY_S = 30
 
 _loaded: Path | None = None
 
@@ -57,6 +70,27 @@ def _build_config(flavour: str) -> dict:
     }
 
 
+def _cuda_arch_list() -> str:
+    """TORCH_CUDA_ARCH_LIST for the build: the user's, or the visible GPUs' (as cpp_extension
+    picks them, the newest with +PTX), with compute capability 9.0 built as 9.0a. The one image
+    for Hopper then has the wgmma forward and backward (csrc/kernels/*_sm90.cuh); a plain sm_90
+    image beside it could be the one the driver picks."""
+    requested = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(" ", ";")
+    if requested and requested != "native":
+        archs = [arch for arch in requested.split(";") if arch]
+    else:
+        newest = max(
+            (int(name[3:-1]), int(name[-1])) for name in torch.cuda.get_arch_list() if "sm_" in name
+        )
+        capabilities = {
+            min(torch.cuda.get_device_capability(index), newest)
+            for index in range(torch.cuda.device_count())
+        }
+        archs = [f"{major}.{minor}" for major, minor in sorted(capabilities)]
+        archs[-1] += "+PTX"
+    return ";".join({"9.0": "9.0a", "9.0+PTX": "9.0a+PTX"}.get(arch, arch) for arch in archs)
+
+
 def _stamp(config: dict) -> str:
     digest = hashlib.sha256()
     # The sources and the headers they may include (.cuh only for the CUDA build).
@@ -67,12 +101,15 @@ def _stamp(config: dict) -> str:
         name = path.relative_to(_CSRC).as_posix().encode()
         digest.update(name + b"\0" + path.read_bytes() + b"\0")
     flags = {key: value for key, value in config.items() if key != "sources"}
-    arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "") if config["with_cuda"] else ""
-    policy = _ARCH_POLICY if config["with_cuda"] else ""
+    archs = _cuda_arch_list() if config["with_cuda"] else ""
     digest.update(
-        repr((torch.__version__, torch.version.cuda, sorted(flags.items()), arch, policy)).encode()
+        repr((torch.__version__, torch.version.cuda, sorted(flags.items()), archs)).encode()
     )
     return digest.hexdigest()[:16]
+
+
+def _stamped_library(config: dict) -> Path:
+    return Path(config["build_directory"]) / f"{config['name']}-{_stamp(config)}.so"
 
 
 def _check_toolchain(flavour: str) -> None:
@@ -97,79 +134,185 @@ def _check_toolchain(flavour: str) -> None:
             )
 
 
-# The policy _cuda_arch_flags applies, in the stamp: a change to it is a new build.
-_ARCH_POLICY = "sm_90 code as sm_90a"
+def _timeout_s(flavour: str) -> float:
+    value = os.environ.get("FIXED_BUILD_TIMEOUT", "")
+    try:
+        return float(value) if value else _DEFAULT_TIMEOUT_S[flavour]
+    except ValueError:
+        raise ValueError(
+            f"FIXED_BUILD_TIMEOUT must be a number of seconds; got {value!r}"
+        ) from None
 
 
-def _cuda_arch_flags(cpp_extension) -> list[str]:
-    """torch's -gencode flags (TORCH_CUDA_ARCH_LIST, or the visible GPUs), with sm_90 code built
-    as sm_90a: the one image for compute capability 9.0 then has the wgmma forward and backward
-    (csrc/kernels/flash_forward_sm90.cuh, flash_backward_sm90.cuh). Its PTX stays compute_90,
-    for JIT on later GPUs. Any -gencode in extra_cuda_cflags makes load() add none of its own,
-    so these are all of them."""
-    torch_flags = getattr(cpp_extension, "_get_cuda_arch_flags", None)
-    if torch_flags is None:  # a private helper: without it, torch's own flags, no sm_90a
-        print(
-            "fixed: this torch does not say its arch flags; building without sm_90a "
-            "(correct, but Hopper runs the mma.sync forward and backward)",
-            file=sys.stderr,
-        )
-        return []
-    sm90 = "-gencode=arch=compute_90,code=sm_90"
-    return [
-        "-gencode=arch=compute_90a,code=sm_90a" if flag == sm90 else flag for flag in torch_flags()
-    ]
+def _say(message: str) -> None:
+    print(f"fixed: {message}", file=sys.stderr, flush=True)
 
 
 def load_library() -> Path:
     """Load the operators into torch.ops.fixed_attention (once per process); return the path."""
     global _loaded
-    if _loaded is not None:
-        return _loaded
-    flavour = _flavour()
-    config = _build_config(flavour)
-    build_dir = Path(config["build_directory"])
-    stamped = build_dir / f"{config['name']}-{_stamp(config)}.so"
-    if stamped.exists():
+    if _loaded is None:
+        flavour = _flavour()
+        config = _build_config(flavour)
+        stamped = _stamped_library(config)
+        if not stamped.exists():
+            _build(flavour, config, stamped)
         torch.ops.load_library(str(stamped))
         _loaded = stamped
-        return stamped
+    return _loaded
 
+
+def _build(flavour: str, config: dict, stamped: Path) -> None:
     _check_toolchain(flavour)
+    build_dir = stamped.parent
+    build_dir.mkdir(parents=True, exist_ok=True)
+    timeout = _timeout_s(flavour)
+    deadline = time.monotonic() + timeout
+    with open(build_dir / _LOCK_NAME, "a+") as lock:
+        _acquire(lock, f"the {flavour} operator", deadline, timeout)
+        if stamped.exists():  # built by the process we waited for
+            return
+        # The lock file names the build child while it runs (the child empties it when it ends):
+        # a name left there is a build cut short, whose finished steps ninja keeps.
+        lock.seek(0)
+        unfinished = lock.read().strip()
+        if unfinished:
+            _say(
+                f"resuming the build of the {flavour} operator that process {unfinished} left "
+                f"unfinished, in {build_dir}"
+            )
+        else:
+            _say(f"building the {flavour} operator in {build_dir} (once)")
+        _run_build_child(flavour, stamped, lock, deadline, timeout)
+
+
+def _acquire(lock, what: str, deadline: float, timeout: float) -> None:
+    """flock() the build lock, saying whom we wait for; give up at the deadline."""
+    started = time.monotonic()
+    announced = started + 2  # a wait shorter than this is not worth a line
+    while True:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        if now >= deadline:
+            raise TimeoutError(
+                f"fixed: gave up after {timeout:.0f} s waiting for process {holder}, which is "
+                f"building {what} in {Path(lock.name).parent} (FIXED_BUILD_TIMEOUT sets the limit)"
+            )
+        if now >= announced:
+            _say(
+                f"waiting for process {holder}, which is building {what} "
+                f"({now - started:.0f} s so far; gives up after {timeout:.0f} s)"
+            )
+            announced = now + _PROGRESS_EVERY_S
+        time.sleep(0.2)
+
+
+def _run_build_child(flavour: str, stamped: Path, lock, deadline: float, timeout: float) -> None:
+    """cpp_extension.load in a child of its own process group: bounded, and killable whole."""
+    log = stamped.parent / "build.log"
+    with open(log, "w") as output:
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-P",
+                __file__,
+                flavour,
+                str(stamped),
+                str(lock.fileno()),
+                str(timeout),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            pass_fds=(lock.fileno(),),  # the lock stays held while the child lives
+            start_new_session=True,  # Ctrl-C reaches us; we end the whole build
+        )
+        _record_builder(lock.fileno(), str(child.pid))
+        try:
+            started = time.monotonic()
+            while True:
+                wait = max(0.1, min(_PROGRESS_EVERY_S, deadline - time.monotonic()))
+                try:
+                    returncode = child.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    elapsed = time.monotonic() - started
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(
+                            f"fixed: gave up building the {flavour} operator after {elapsed:.0f} s "
+                            f"(FIXED_BUILD_TIMEOUT sets the limit; the compiler's output is in "
+                            f"{log}); the next import resumes the build"
+                        ) from None
+                    _say(f"still building ({elapsed:.0f} s so far; gives up after {timeout:.0f} s)")
+        finally:
+            if child.poll() is None:
+                _end_build(child)
+    if returncode != 0 or not stamped.exists():
+        tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-30:])
+        raise RuntimeError(f"fixed: building the {flavour} operator failed:\n{tail}")
+
+
+def _record_builder(lock_fd: int, pid: str) -> None:
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, pid.encode(), 0)
+
+
+def _end_build(child: subprocess.Popen) -> None:
+    """End the build child's process group. SIGTERM first: ninja passes it on to the compilers,
+    which run in process groups of their own, and waits for them; SIGKILL what is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGTERM)
+        give_up = time.monotonic() + 10
+        while time.monotonic() < give_up:
+            child.poll()  # reaped, so that an empty group is seen as empty
+            os.killpg(child.pid, 0)  # ProcessLookupError once nothing is left in the group
+            time.sleep(0.1)
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def _child_main(flavour: str, stamped: str, lock_fd: str, timeout: str) -> int:
+    """The build child: cpp_extension.load, then publish the library under its stamp."""
+    status = _build_and_publish(flavour, Path(stamped), timeout)
+    _record_builder(int(lock_fd), "")  # ran to its end: nothing left to resume
+    return status
+
+
+def _build_and_publish(flavour: str, stamped: Path, timeout: str) -> int:
+    # Orphaned by its importer, the build still ends within the bound, compilers included
+    # (ninja passes the SIGTERM on to them).
+    signal.signal(signal.SIGALRM, lambda *_: os.killpg(0, signal.SIGTERM))
+    signal.alarm(max(1, int(float(timeout))))
+    config = _build_config(flavour)
+    if flavour == "cuda":
+        os.environ["TORCH_CUDA_ARCH_LIST"] = _cuda_arch_list()
+    # Before torch 2.14, cpp_extension's lock is a file whose existence blocks; a build killed
+    # mid-way leaves it behind. We hold the build lock, so nobody else is using it.
+    Path(config["build_directory"], "lock").unlink(missing_ok=True)
     from torch.utils import cpp_extension
 
-    build_dir.mkdir(parents=True, exist_ok=True)
-    print(f"fixed: building the {flavour} operator into {build_dir} (once)", file=sys.stderr)
-    # A copy: load() appends to the flag lists it is given, which would change the stamp.
-    # It takes cpp_extension's build lock, builds if needed and loads the library.
-    build_config = copy.deepcopy(config)
-    if flavour == "cuda":
-        build_config["extra_cuda_cflags"] += _cuda_arch_flags(cpp_extension)
-    built = Path(cpp_extension.load(**build_config))
-    _publish(built, stamped, config)
-    _loaded = built
-    return built
+    try:  # a copy: load() appends to the flag lists it is given, which would change the stamp
+        built = Path(cpp_extension.load(**copy.deepcopy(config)))
+    except Exception as error:  # the compiler's errors are in the message
+        print(error, file=sys.stderr)
+        return 1
+    if _stamped_library(config) != stamped:
+        print("fixed/csrc changed during the build: import fixed again", file=sys.stderr)
+        return 1
+    partial = Path(f"{stamped}.{os.getpid()}.partial")
+    shutil.copyfile(built, partial)
+    os.replace(partial, stamped)  # atomic: the fast path sees all of it or nothing
+    for old in stamped.parent.glob(f"{config['name']}-*.so"):
+        if old != stamped:
+            old.unlink(missing_ok=True)
+    return 0
 
 
-def _publish(built: Path, stamped: Path, config: dict) -> None:
-    """Copy the built library to its stamped name, for the fast path of later imports.
-
-    Under cpp_extension's own build lock, so that no concurrent ninja run rewrites it while it is
-    copied, and only if the sources still hash to the stamp (not edited since the build).
-    """
-    from torch.utils.file_baton import FileBaton
-
-    baton = FileBaton(str(stamped.parent / "lock"))
-    while not baton.try_acquire():
-        baton.wait()
-    try:
-        if stamped.name != f"{config['name']}-{_stamp(config)}.so":
-            return
-        partial = stamped.with_name(f".{stamped.name}.{os.getpid()}.partial")
-        shutil.copyfile(built, partial)
-        os.replace(partial, stamped)  # atomic: the fast path sees all of it or nothing
-        for old in stamped.parent.glob(f"{config['name']}-*.so"):
-            if old != stamped:
-                old.unlink(missing_ok=True)
-    finally:
-        baton.release()
+if __name__ == "__main__":
+    sys.exit(_child_main(*sys.argv[1:]))
