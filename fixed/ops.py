@@ -14,6 +14,9 @@ _build.load_library()
 
 _SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _CUDA_MAX_HEAD_DIM = 256  # the generic CUDA kernels' largest head-dim bucket
+# A tuple, not int | float: torch 2.6's Dynamo cannot trace isinstance with a union type
+# (torch.compile fails: "Unexpected type in sourceless builder types.UnionType").
+_REAL = (int, float)
 
 
 def fast_attention(
@@ -46,11 +49,11 @@ def fast_attention(
         raise TypeError(f"attn_mask must be a torch.Tensor or None; got {type(attn_mask).__name__}")
     _check_flag("is_causal", is_causal)
     _check_flag("enable_gqa", enable_gqa)
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, int | float):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, _REAL):
         raise TypeError(f"dropout_p must be a float; got {type(dropout_p).__name__}")
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must be from 0 to 1; got {dropout_p}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, _REAL)):
         # A tensor scale would be read back to the host (a sync) or traced as a constant.
         raise TypeError(f"scale must be a float or None; got {type(scale).__name__}")
     if query.dim() >= 2 and key.dim() >= 2 and value.dim() >= 2:
