@@ -8,6 +8,17 @@ TypeError or ValueError that names the argument. The
 operators themselves are torch.ops.fixed_attention.attention_forward / attention_backward.
 """
 
-from fixed.ops import fast_attention
+import torch
+
+# The oldest torch whose APIs this operator uses all work (pyproject.toml says the same): below
+# it, one clear line instead of an AttributeError or a build error from deep inside.
+OLDEST_TORCH = (2, 6)
+if tuple(int(part) for part in torch.__version__.split(".")[:2]) < OLDEST_TORCH:
+    raise ImportError(
+        f"fixed/ needs torch {'.'.join(map(str, OLDEST_TORCH))} or newer; this is torch "
+        f"{torch.__version__}"
+    )
+
+from fixed.ops import fast_attention  # noqa: E402 (after the version check, which it needs)
 
 __all__ = ["fast_attention"]

@@ -81,6 +81,12 @@ def main(argv=None) -> int:
     # torch without numpy warns at import, on stderr, between the tools' one-line errors.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     argv = sys.argv[1:] if argv is None else argv
+    from kata.toolchain import torch_support
+
+    version = torch_support.installed()
+    if version and torch_support.too_old(version):  # a newer one gets make deps' warning only
+        print(f"kata: {torch_support.problem(version)}", file=sys.stderr)
+        return 2
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
     parser = _Parser(prog="python -m kata", description=__doc__.split("\n")[0])

@@ -190,7 +190,11 @@ class Remote:
 
     def _death(self) -> str:
         self.process.stdin.close()
-        returncode = self.process.wait()
+        try:  # its answer pipe closed: it is dying, or shut its pipe and goes on
+            returncode = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(self.process.pid, signal.SIGKILL)
+            returncode = self.process.wait()
         self.drainer.join(timeout=5)  # what it said last, a C library's abort message say
         if self.signal_exits and 128 < returncode < 128 + 65:
             returncode = 128 - returncode

@@ -118,7 +118,12 @@ def _ruff(directory: Path, files: list[str]) -> tuple[list[str], str | None]:
     config = REPO_ROOT / "pyproject.toml"
     if config.exists():
         command += ["--config", str(config)]
-    result = subprocess.run([*command, *files], cwd=directory, capture_output=True, text=True)
+    try:
+        result = subprocess.run(
+            [*command, *files], cwd=directory, capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        return [], "ruff ran past 60 s: no lint findings"
     findings = [line for line in result.stdout.splitlines() if re.match(r"^\S+:\d+:\d+: ", line)]
     return findings, None
 

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from kata import FIXED_DIR, REPO_ROOT, KataError
@@ -36,8 +37,15 @@ def _require_tool(tool: str, purpose: str, remedy: str) -> str:
     return path
 
 
+COMPILER_TIMEOUT_S = 600  # the slowest compile here, nvcc on the vendor kernel, takes seconds
+
+
 def _run_compiler(command: list[str], purpose: str) -> None:
-    result = subprocess.run(command, capture_output=True, text=True)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        name = Path(command[0]).name
+        raise KataError(f"cannot {purpose}: {name} ran past {COMPILER_TIMEOUT_S} s") from None
     if result.returncode != 0:
         output = (result.stderr or result.stdout).strip()
         raise KataError(f"cannot {purpose}: {Path(command[0]).name} failed:\n{output}")
@@ -174,20 +182,43 @@ def build_planted_library() -> Path:
 
 def build_fixed() -> None:
     """Build (or find already built) the fixed/ extension, in a child so a compiler crash or a
-    missing tool becomes one clear error here."""
+    missing tool becomes one clear error here. Its progress lines ("fixed: building ...") show
+    as they come; fixed/_build.py bounds the build (FIXED_BUILD_TIMEOUT), and so does this wait."""
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     )
-    result = subprocess.run(
+    bound = float(os.environ.get("FIXED_BUILD_TIMEOUT") or 1800) + 120
+    child = subprocess.Popen(
         [sys.executable, "-c", "import fixed"],
         cwd=FIXED_DIR.parent,
         env=env,
-        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
-    if result.returncode != 0:
-        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    said: list[str] = []
+
+    def relay() -> None:
+        for line in child.stderr:
+            said.append(line)
+            if line.startswith("fixed: "):
+                print(line, end="", file=sys.stderr, flush=True)
+
+    relaying = threading.Thread(target=relay, daemon=True)
+    relaying.start()
+    try:
+        child.wait(timeout=bound)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        raise KataError(f"cannot build fixed/: importing it ran past {bound:.0f} s") from None
+    finally:
+        if child.poll() is None:  # Ctrl-C reached it too: fixed/_build.py ends its build
+            child.kill()
+        relaying.join(timeout=5)
+    if child.returncode != 0:
+        lines = [line.rstrip() for line in said if line.strip()]
         detail = "\n".join(lines[-15:])
         raise KataError(f"cannot build fixed/: importing it failed:\n{detail}")
 
