@@ -250,9 +250,13 @@ def _run_build_child(flavour: str, stamped: Path, lock, deadline: float, timeout
                             f"{log}); the next import resumes the build"
                         ) from None
                     _say(f"still building ({elapsed:.0f} s so far; gives up after {timeout:.0f} s)")
-        finally:
-            if child.poll() is None:
-                _end_build(child)
+        finally:  # also when the child was killed alone: its ninja may still be running
+            _end_build(child)
+    if returncode < 0:  # killed from outside (the OOM killer, a kill of its group, ...)
+        raise RuntimeError(
+            f"fixed: the build of the {flavour} operator was killed by "
+            f"{signal.Signals(-returncode).name}; the next import resumes it"
+        )
     if returncode != 0 or not stamped.exists():
         tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-30:])
         raise RuntimeError(f"fixed: building the {flavour} operator failed:\n{tail}")
@@ -264,8 +268,9 @@ def _record_builder(lock_fd: int, pid: str) -> None:
 
 
 def _end_build(child: subprocess.Popen) -> None:
-    """End the build child's process group. SIGTERM first: ninja passes it on to the compilers,
-    which run in process groups of their own, and waits for them; SIGKILL what is left."""
+    """End whatever is left in the build child's process group (nothing, after a build that
+    ran to its end). SIGTERM first: ninja passes it on to the compilers, which run in process
+    groups of their own, and waits for them; SIGKILL what is left after 10 s."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGTERM)
         give_up = time.monotonic() + 10
