@@ -7,6 +7,7 @@ runs every probe in its own process, so the checks are the slow part; the tests 
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -200,12 +201,20 @@ def test_make_kata_on_the_shipped_handout(shipped_handout):
     skipped = f" ({len(SKIPPED_HERE)} skipped here)" if SKIPPED_HERE else ""
     assert f"\n0/{len(RUN_HERE)} fixed on this machine{skipped}\n" in out
 
-    first = RUN_HERE[0]
-    assert f"First failure: {first.id} - {first.title}\n" in out
-    assert f"Hint:    python -m kata hint {first.id}\n" in out
+    # The first failure to come is shown in full under its line, as it came; the end points
+    # at it and says what to do next.
+    first_id = re.search(r"^First failure: (\S+) - ", out, re.MULTILINE)[1]
+    first = next(flaw for flaw in RUN_HERE if flaw.id == first_id)
+    assert re.search(rf"^  ✗ {first.id} .*\n\nFirst failure: {first.id} - ", out, re.MULTILINE)
+    assert out.count(f"Hint:    python -m kata hint {first.id}\n") == 1, out
     seed = re.search(rf"Replay:  python -m kata review --only {first.id} --seed (\d+)\n", out)
     assert seed, out
-    assert out.rstrip().endswith("(`make watch` re-runs it on every save).")
+    assert out.index("Replay:") < out.index(" fixed on this machine"), out
+    assert f"\nFirst failure: {first.id}, in full above.\n" in out, out
+    assert out.rstrip().endswith(
+        f"Next: make {first.id} pass, then run `make kata` again "
+        "(`make watch` re-runs it on every save)."
+    )
 
     # The replay command reproduces the evidence printed. Word for word but for parentheses:
     # what the C library says as it aborts on a corrupted heap varies from run to run.
@@ -333,7 +342,8 @@ def test_watch_rechecks_on_save_and_counts_the_dtype_fix(shipped_handout):
     assert "saved: attention_wrapper.py" in second_run, second_run
     assert re.search(r"^  ✓ dtype ", second_run, re.MULTILINE), second_run
     assert f"1/{len(RUN_HERE)} fixed on this machine" in second_run
-    assert f"First failure: {RUN_HERE[1].id} " in second_run
+    first_failure = re.search(r"^First failure: (\S+) - ", second_run, re.MULTILINE)
+    assert first_failure and first_failure[1] in {f.id for f in RUN_HERE[1:]}, second_run
     assert "stopped watching." in rest and "Traceback" not in first_run + second_run + rest
 
 
@@ -442,3 +452,151 @@ def test_one_cause_behind_many_failures_is_pointed_out():
         report.result.evidence = "importing the implementation failed: SyntaxError: invalid syntax"
     text, status = candidate.format_check(broken, candidate._Style(io.StringIO()))
     assert status == 1 and f"({len(CATALOG)} failing checks say this: start here)" in text
+
+
+class _Pipe(io.StringIO):
+    """stdout as a pipe takes it: what the reader has by now is what was flushed."""
+
+    encoding = "utf-8"
+
+    def __init__(self):
+        super().__init__()
+        self.flushed = ""
+
+    def flush(self):
+        super().flush()
+        self.flushed = self.getvalue()
+
+
+def _check_args(**options) -> argparse.Namespace:
+    return argparse.Namespace(**{"impl": "flawed", "watching": False} | options)
+
+
+def test_check_shows_the_first_failure_in_full_before_the_other_checks_end(monkeypatch, tmp_path):
+    """A slow check must not hold back a failure already known: `check` prints each flaw's line
+    as its report comes and the first failure to come in full at once, flushed (make watch and
+    tests read a pipe); the end points at it instead of repeating it."""
+    fixed, failing, *rest = RUN_HERE  # `failing` fails first; the catalog's first is fixed
+    statuses = {flaw.id: "present" for flaw in RUN_HERE} | {fixed.id: "fixed"}
+    statuses |= {flaw.id: "skipped" for flaw in SKIPPED_HERE}
+    reports = {
+        flaw.id: FlawReport(flaw, ProbeResult(statuses[flaw.id], f"evidence of {flaw.id}"))
+        for flaw in CATALOG
+    }
+    out, seen_then, calls = _Pipe(), {}, {}
+
+    def run_review(implementation, *, seed=None, on_report=None, first=None, **options):
+        calls.update(seed=seed, first=first)
+        for flaw in [*SKIPPED_HERE, fixed, failing, *rest]:  # completion order, not catalog's
+            time.sleep(0.02)
+            if on_report:
+                on_report(reports[flaw.id])
+            seen_then[flaw.id] = out.flushed
+        return Review(implementation, MACHINE, seed or 7, [reports[f.id] for f in CATALOG])
+
+    monkeypatch.setattr("kata.harness.review.run_review", run_review)
+    monkeypatch.setattr(sys, "stdout", out)
+    record = tmp_path / "failing"
+    status = candidate._check(_check_args(first="stream,shape", failing_to=str(record)))
+    text = out.getvalue()
+    assert status == 1 and out.flushed == text
+
+    # By the time the first failure's report is in, the reader has it in full, seed and all.
+    replay = f"Replay:  python -m kata review --only {failing.id} --seed {calls['seed']}\n"
+    then = seen_then[failing.id]
+    assert f"First failure: {failing.id} - {failing.title}\n    evidence of {failing.id}\n" in then
+    assert f"Hint:    python -m kata hint {failing.id}\n" in then and replay in then, then
+    width = max(len(flaw.id) for flaw in CATALOG)
+    assert f"  ✓ {fixed.id:<{width}}  {fixed.title}\n" in seen_then[fixed.id]
+    for flaw in CATALOG:  # each line once, as it came, and not before
+        line = rf"^  . {flaw.id} "
+        assert len(re.findall(line, text, re.MULTILINE)) == 1, text
+        assert re.search(line, seen_then[flaw.id], re.MULTILINE), flaw.id
+    before = seen_then[fixed.id]
+    assert not any(re.search(rf"^  . {f.id} ", before, re.M) for f in [failing, *rest])
+    # The end: the progress, a pointer to the failure above, what to do next.
+    end = text[len(seen_then[rest[-1].id if rest else failing.id]) :]
+    skipped = f" ({len(SKIPPED_HERE)} skipped here)" if SKIPPED_HERE else ""
+    assert end == (
+        f"\n1/{len(RUN_HERE)} fixed on this machine{skipped}\n\n"
+        f"First failure: {failing.id}, in full above.\n\n"
+        f"Next: make {failing.id} pass, then run `make kata` again "
+        "(`make watch` re-runs it on every save).\n"
+    ), end
+    assert text.count("Hint:") == 1 and text.count("Replay:") == 1, text
+    # For `watch`: the order asked for went to the review, and the failing ids come back.
+    assert calls["first"] == ["stream", "shape"]
+    assert record.read_text().split() == [f.id for f in RUN_HERE if f is not fixed]
+
+
+def test_watch_starts_with_the_checks_that_failed_last_time(monkeypatch, capsys):
+    """Each save's check starts the probes of the flaws that failed in the check before it;
+    a check that records nothing (it crashed, say) leaves the order as it was."""
+    commands, recorded = [], [["shape", "stream"], ["stream"], None, [], []]
+
+    def run(command, **options):
+        commands.append(command)
+        ids = recorded[len(commands) - 1]
+        if ids is not None and "--failing-to" in command:
+            Path(command[command.index("--failing-to") + 1]).write_text("\n".join(ids))
+        return subprocess.CompletedProcess(command, 2 if ids is None else 1)
+
+    monkeypatch.setattr(candidate.subprocess, "run", run)
+    monkeypatch.setattr(candidate, "_wait_for_save", lambda *args: ["attention_wrapper.py"])
+    args = argparse.Namespace(impl="flawed", max_runs=5, interval=0.01)
+    assert candidate._watch(args) == 0
+
+    def first(command):
+        return command[command.index("--first") + 1] if "--first" in command else None
+
+    assert [first(command) for command in commands] == [
+        None,  # nothing failed yet
+        "shape,stream",
+        "stream",
+        "stream",  # the third check recorded nothing: the order stays
+        None,  # every check passed
+    ], commands
+    assert all(command[3:5] == ["check", "--watching"] for command in commands)
+    assert capsys.readouterr().out.count("saved: attention_wrapper.py") == 4
+
+
+def test_review_reports_each_flaw_as_it_ends_and_starts_the_ones_asked_first(monkeypatch):
+    """run_review hands each report over as its probe ends (the skipped ones at once), starts
+    the probes of `first` before the others, and keeps its reports in catalog order."""
+    from kata.harness import review as review_module
+
+    ids = [flaw.id for flaw in RUN_HERE if flaw.probe_id != "library-path"][:4]
+    delays = dict(zip(ids, (0.3, 0.0, 0.2, 0.1), strict=True))
+    started, delivered = [], []
+
+    def run_isolated(probe_id, implementation, **options):
+        started.append(probe_id)
+        time.sleep(delays[probe_id])
+        return ProbeResult("present", f"evidence of {probe_id}")
+
+    monkeypatch.setattr(review_module, "run_isolated", run_isolated)
+    only = ids + [flaw.id for flaw in SKIPPED_HERE]
+    implementation = Implementation("flawed", "dir", REPO_ROOT / "flawed")
+    review = review_module.run_review(
+        implementation,
+        only=only,
+        jobs=1,  # one probe at a time: the order they start in is the order they end in
+        prepare=lambda path: None,  # nothing to build
+        on_report=lambda report: delivered.append(report.flaw.id),
+        first=[ids[2], "no-such-id", ids[1]],
+    )
+    skipped = [flaw.id for flaw in CATALOG if flaw.id in only and flaw in SKIPPED_HERE]
+    assert started == [ids[2], ids[1], ids[0], ids[3]]
+    assert delivered == skipped + started
+    assert [r.flaw.id for r in review.reports] == [f.id for f in CATALOG if f.id in only]
+
+    # Two at a time: each is handed over as it ends, not in the order it started.
+    delivered.clear()
+    review_module.run_review(
+        implementation,
+        only=ids,
+        jobs=2,
+        prepare=lambda path: None,
+        on_report=lambda report: delivered.append(report.flaw.id),
+    )
+    assert delivered == [ids[1], ids[2], ids[0], ids[3]]  # ends at 0.0, 0.2, 0.3, 0.3

@@ -2,19 +2,22 @@
 `hint ID` and `reset` (make reset).
 
 `check` runs the harness's review of flawed/ (every probe in its own process) and words the
-result for the person fixing the code: one line per flaw, progress, then the first failure in
-full with its hint and replay commands. `watch` re-runs `check` in a child process whenever a
-file under flawed/ is saved. `hint` shows the next hint level for one flaw; `reset` restores the
+result for the person fixing the code: one line per flaw as soon as its check ends, the first
+failure in full with its hint and replay commands as soon as it is known, then progress. `watch`
+re-runs `check` in a child process whenever a file under flawed/ is saved, starting with the
+checks that failed last time. `hint` shows the next hint level for one flaw; `reset` restores the
 shipped flawed/ and keeps a backup of the candidate's copy.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -31,6 +34,10 @@ def register(commands) -> None:
     # --impl: for tests and interviewers, e.g. `check --impl fixed` to see every check pass.
     check.add_argument("--impl", default="flawed", help=hidden)
     check.add_argument("--watching", action="store_true", help=hidden)  # started by `watch`
+    # Also from `watch`: the flaws that failed last time, whose probes start first, and the file
+    # to write this run's failing ids to.
+    check.add_argument("--first", default="", help=hidden)
+    check.add_argument("--failing-to", default=None, help=hidden)
     check.set_defaults(run=_check)
 
     watch = commands.add_parser("watch", help="re-run `check` whenever flawed/ is saved")
@@ -85,30 +92,70 @@ def _shown_dir(path: Path) -> str:
     return shown.rstrip("/") + "/"
 
 
-def format_check(review, style: _Style, *, watching: bool = False) -> tuple[str, int]:
-    """The candidate's view of a review, and the exit status: 0 when every flaw that ran is
-    fixed, 1 otherwise."""
-    width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 110))
-    id_width = max(len(report.flaw.id) for report in review.reports)
-    lines = []
-    for report in review.reports:
-        status = report.result.status
-        mark = style.marks[status]
-        line = f"{report.flaw.id:<{id_width}}  {report.flaw.title}"
-        if status == "skipped":  # the whole line dimmed, with the short reason
-            reason = report.result.evidence.split(";")[0]
-            lines.append(style.status(f"  {mark} {line}  (skipped: {reason})", status))
-        else:  # only the mark in colour: calm to read, even when everything is red
-            lines.append(f"  {style.status(mark, status)} {line}")
+FAILING = ("present", "partial")  # a partial fix is still a failing check
 
+
+def _width() -> int:
+    return max(60, min(shutil.get_terminal_size((100, 24)).columns, 110))
+
+
+def flaw_line(report, style: _Style, id_width: int) -> str:
+    """One flaw's line: its mark, id and title, and why a skipped one skipped."""
+    status = report.result.status
+    mark = style.marks[status]
+    line = f"{report.flaw.id:<{id_width}}  {report.flaw.title}"
+    if status == "skipped":  # the whole line dimmed, with the short reason
+        reason = report.result.evidence.split(";")[0]
+        return style.status(f"  {mark} {line}  (skipped: {reason})", status)
+    return f"  {style.status(mark, status)} {line}"  # only the mark in colour: calm to read
+
+
+def _import_name(implementation) -> str:
+    return "attention_wrapper.py" if implementation.kind == "dir" else "fixed/"
+
+
+def _import_lines(implementation, cause: str, style: _Style) -> list[str]:
+    return [
+        style.paint(f"{_import_name(implementation)} does not import:", "1")
+        + f" {cause.rstrip('.')}.",
+        "Fix that first: every check needs it.",
+    ]
+
+
+def _failure_lines(report, seed: int, implementation, style: _Style, same: int = 1) -> list[str]:
+    """The first failure in full: its evidence, then how to get a hint and replay it."""
+    replay = f"python -m kata review --only {report.flaw.id} --seed {seed}"
+    if implementation.label != "flawed":
+        replay += f" --impl {implementation.label}"
+    evidence = textwrap.wrap(report.result.evidence, _width() - 4) or ["(no evidence recorded)"]
+    lines = [
+        style.paint(f"First failure: {report.flaw.id}", "1") + f" - {report.flaw.title}",
+        *("    " + line for line in evidence),
+    ]
+    if same > 1:  # a syntax error, say, or a vendor library that does not build
+        lines.append(f"    ({same} failing checks say this: start here)")
+    return [
+        *lines,
+        "",
+        f"    Hint:    python -m kata hint {report.flaw.id}",
+        f"    Replay:  {replay}",
+    ]
+
+
+def format_summary(
+    review, style: _Style, *, watching: bool = False, shown=None, shown_import: str | None = None
+) -> tuple[str, int]:
+    """What follows the flaws' lines: progress, then what to do next; and the exit status: 0
+    when every flaw that ran is fixed, 1 otherwise. `shown`: the failure already printed in full
+    as it came (CheckPrinter), `shown_import`: the import failure already printed; either is
+    then only pointed at."""
     ran = [r for r in review.reports if r.result.status != "skipped"]
     fixed = [r for r in ran if r.result.status == "fixed"]
     skipped = len(review.reports) - len(ran)
     progress = f"{len(fixed)}/{len(ran)} fixed on this machine"
-    lines += ["", style.paint(progress, "1") + (f" ({skipped} skipped here)" if skipped else "")]
+    lines = [style.paint(progress, "1") + (f" ({skipped} skipped here)" if skipped else "")]
 
-    # A partial fix is still a failing check: some of query, key and value go unchecked.
-    failures = [r for r in ran if r.result.status in ("present", "partial")]
+    failures = [r for r in ran if r.result.status in FAILING]
     if not failures:
         lines += ["", style.paint(f"Every check that runs here passes ({len(ran)}).", "1", "32")]
         if skipped:
@@ -116,44 +163,32 @@ def format_check(review, style: _Style, *, watching: bool = False) -> tuple[str,
         lines.append("Well done. Tell your interviewer, and say what you would look at next.")
         return "\n".join(lines), 0
 
+    implementation = review.implementation
     if cause := getattr(review, "import_failure", None):
         # One cause behind every red line: the first flaw's hint would send them the wrong way.
-        name = "attention_wrapper.py" if review.implementation.kind == "dir" else "fixed/"
-        lines += [
-            "",
-            style.paint(f"{name} does not import:", "1") + f" {cause.rstrip('.')}.",
-            "Fix that first: every check needs it.",
-            "",
-        ]
+        if cause == shown_import:
+            name = _import_name(implementation)
+            lines += ["", f"{name} does not import (above): fix that first.", ""]
+        else:
+            lines += ["", *_import_lines(implementation, cause, style), ""]
         if watching:
-            where = _shown_dir(review.implementation.path)
-            lines.append(f"Next: fix it; save a file in {where} to check again.")
+            lines.append(
+                f"Next: fix it; save a file in {_shown_dir(implementation.path)} to check again."
+            )
         else:
             lines.append(
                 "Next: fix it, then run `make kata` again (`make watch` re-runs it on every save)."
             )
         return "\n".join(lines), 1
 
-    first = failures[0]
-    replay = f"python -m kata review --only {first.flaw.id} --seed {review.seed}"
-    if review.implementation.label != "flawed":
-        replay += f" --impl {review.implementation.label}"
-    evidence = textwrap.wrap(first.result.evidence, width - 4) or ["(no evidence recorded)"]
-    lines += [
-        "",
-        style.paint(f"First failure: {first.flaw.id}", "1") + f" - {first.flaw.title}",
-        *("    " + line for line in evidence),
-    ]
+    first = shown if shown in failures else failures[0]
     same = sum(r.result.evidence == first.result.evidence for r in failures)
-    if same > 1:  # a syntax error, say, or a vendor library that does not build
-        lines.append(f"    ({same} failing checks say this: start here)")
-    lines += [
-        "",
-        f"    Hint:    python -m kata hint {first.flaw.id}",
-        f"    Replay:  {replay}",
-        "",
-    ]
-    where = _shown_dir(review.implementation.path) if review.implementation.kind == "dir" else "it"
+    if first is shown:
+        said = f" ({same} failing checks say the same: start there)" if same > 1 else ""
+        lines += ["", f"First failure: {first.flaw.id}, in full above{said}.", ""]
+    else:
+        lines += ["", *_failure_lines(first, review.seed, implementation, style, same), ""]
+    where = _shown_dir(implementation.path) if implementation.kind == "dir" else "it"
     if watching:
         lines.append(f"Next: make {first.flaw.id} pass; save a file in {where} to check again.")
     else:
@@ -164,7 +199,42 @@ def format_check(review, style: _Style, *, watching: bool = False) -> tuple[str,
     return "\n".join(lines), 1
 
 
+def format_check(review, style: _Style, *, watching: bool = False) -> tuple[str, int]:
+    """The candidate's view of a whole review at once, and the exit status: one line per flaw
+    in catalog order, then the summary with the first failure in full."""
+    id_width = max(len(report.flaw.id) for report in review.reports)
+    lines = [flaw_line(report, style, id_width) for report in review.reports]
+    summary, status = format_summary(review, style, watching=watching)
+    return "\n".join([*lines, "", summary]), status
+
+
+class CheckPrinter:
+    """run_review's on_report for `check`: prints each flaw's line as its report comes, and the
+    first failure in full right under its line, flushing each time (the output may be a pipe)."""
+
+    def __init__(self, implementation, seed: int, style: _Style, stream, id_width: int):
+        self.implementation, self.seed, self.style = implementation, seed, style
+        self.stream, self.id_width = stream, id_width
+        self.shown = None  # the failure printed in full
+        self.shown_import: str | None = None  # or the import failure printed
+
+    def __call__(self, report) -> None:
+        lines = [flaw_line(report, self.style, self.id_width)]
+        if report.result.status in FAILING and not (self.shown or self.shown_import):
+            if cause := report.result.import_failure:
+                self.shown_import = cause
+                lines += ["", *_import_lines(self.implementation, cause, self.style), ""]
+            else:
+                self.shown = report
+                failure = _failure_lines(report, self.seed, self.implementation, self.style)
+                lines += ["", *failure, ""]
+        print("\n".join(lines), file=self.stream, flush=True)
+
+
 def _check(args) -> int:
+    import secrets
+
+    from kata.harness.catalog import CATALOG
     from kata.harness.review import resolve_implementation, run_review
 
     implementation = resolve_implementation(args.impl)
@@ -172,13 +242,26 @@ def _check(args) -> int:
     style = _Style(sys.stdout)
     header = f"Checking {where}: each check runs in its own process..."
     print(style.paint(header, "2") + "\n", flush=True)
+    seed = secrets.randbelow(2**31)  # chosen here: the first failure's replay command needs it
+    id_width = max(len(flaw.id) for flaw in CATALOG)
+    printer = CheckPrinter(implementation, seed, style, sys.stdout, id_width)
+    first = [flaw_id for flaw_id in (args.first or "").split(",") if flaw_id]
     try:
-        review = run_review(implementation)
+        review = run_review(implementation, seed=seed, on_report=printer, first=first or None)
     except KeyboardInterrupt:
-        print("\nCheck interrupted.")
+        print("\nCheck interrupted.", flush=True)
         return 130
-    text, status = format_check(review, style, watching=args.watching)
-    print(text)
+    summary, status = format_summary(
+        review,
+        style,
+        watching=args.watching,
+        shown=printer.shown,
+        shown_import=printer.shown_import,
+    )
+    print("\n" + summary, flush=True)
+    if args.failing_to:  # for `watch`: the next check starts with these
+        failing = [r.flaw.id for r in review.reports if r.result.status in FAILING]
+        Path(args.failing_to).write_text("".join(f"{flaw_id}\n" for flaw_id in failing))
     return status
 
 
@@ -239,22 +322,31 @@ def _watch(args) -> int:
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=python_path)
     shown = _shown_dir(directory)
-    runs, saved = 0, []
+    runs, saved, failing = 0, [], []
     try:
-        while True:
-            if runs:
-                stamp = time.strftime("%H:%M:%S")
-                banner = f"{style.rule * 3} {stamp}  saved: {', '.join(saved)} {style.rule * 3}"
-                print("\n" + style.paint(banner, "2"), flush=True)
-            before = snapshot(directory)
-            status = subprocess.run(command, cwd=REPO_ROOT, env=env).returncode
-            if status not in (0, 1):
-                print(f"(the check itself stopped with exit status {status}; see above)")
-            runs += 1
-            if args.max_runs and runs >= args.max_runs:
-                return 0
-            print(style.paint(f"watching {shown} (Ctrl-C to stop)", "2"), flush=True)
-            saved = _wait_for_save(directory, before, args.interval)
+        with tempfile.TemporaryDirectory(prefix="kata-watch-") as scratch:
+            # Each check writes its failing ids here; the next one starts their probes first.
+            failing_file = Path(scratch, "failing")
+            while True:
+                if runs:
+                    stamp = time.strftime("%H:%M:%S")
+                    rule = style.rule * 3
+                    banner = f"{rule} {stamp}  saved: {', '.join(saved)} {rule}"
+                    print("\n" + style.paint(banner, "2"), flush=True)
+                before = snapshot(directory)
+                failing_file.unlink(missing_ok=True)
+                order = ["--first", ",".join(failing)] if failing else []
+                this_run = [*command, *order, "--failing-to", str(failing_file)]
+                status = subprocess.run(this_run, cwd=REPO_ROOT, env=env).returncode
+                if status not in (0, 1):
+                    print(f"(the check itself stopped with exit status {status}; see above)")
+                with contextlib.suppress(OSError):  # none written: keep last time's order
+                    failing = failing_file.read_text().split()
+                runs += 1
+                if args.max_runs and runs >= args.max_runs:
+                    return 0
+                print(style.paint(f"watching {shown} (Ctrl-C to stop)", "2"), flush=True)
+                saved = _wait_for_save(directory, before, args.interval)
     except KeyboardInterrupt:
         print("\nstopped watching.")
         return 0

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -233,15 +233,24 @@ def run_review(
     catalog: tuple[Flaw, ...] = CATALOG,
     round_number: int = 1,
     prepare: Callable[[Path], str | None] | None = None,
+    on_report: Callable[[FlawReport], None] | None = None,
+    first: list[str] | None = None,
 ) -> Review:
     """Judge `implementation` on every flaw of `catalog` this machine can run. `prepare` builds
     what the implementation needs instead of the vendor library, returning None or why it failed
-    (round two's proposed fix builds its own extension)."""
+    (round two's proposed fix builds its own extension).
+
+    `on_report` is called with each FlawReport as soon as it is complete (skipped ones first,
+    then each probe's as it finishes), one call at a time, from the thread that called
+    run_review. `first`: flaw ids whose probes start before the others (in that order).
+    The Review's reports stay in catalog order whatever the order of completion."""
     if not math.isfinite(timeout) or timeout <= 0:
         raise KataError(f"the time limit per probe must be a positive number, got {timeout:g} s")
     with tempfile.TemporaryDirectory(prefix="kata-review-") as scratch:
         judged = private_copy(implementation, Path(scratch))
-        review = _run(judged, timeout, seed, only, jobs, catalog, round_number, prepare)
+        review = _run(
+            judged, timeout, seed, only, jobs, catalog, round_number, prepare, on_report, first
+        )
     review.implementation = implementation  # the report names what was submitted
     if implementation.kind == "dir":
         review.hints_used = hints.hints_used(implementation.path)
@@ -249,7 +258,9 @@ def run_review(
     return review
 
 
-def _run(implementation, timeout, seed, only, jobs, catalog, round_number, prepare) -> Review:
+def _run(
+    implementation, timeout, seed, only, jobs, catalog, round_number, prepare, on_report, first
+) -> Review:
     machine = Machine.detect()
     seed = secrets.randbelow(2**31) if seed is None else seed
     flaws = [flaw for flaw in catalog if only is None or flaw.id in only]
@@ -263,12 +274,15 @@ def _run(implementation, timeout, seed, only, jobs, catalog, round_number, prepa
     compare_kernel = round_number == 1 and implementation.kind == "dir" and prepare is None
     kernel = builders.build_reference_library(machine.probe_device) if compare_kernel else None
 
-    def judge(flaw: Flaw) -> FlawReport:
-        reason = machine.skip_reason(flaw)
-        if reason:
+    def settled(flaw: Flaw) -> FlawReport | None:
+        """The report of a flaw that needs no probe: skipped here, or its build failed."""
+        if reason := machine.skip_reason(flaw):
             return FlawReport(flaw, ProbeResult("skipped", reason))
         if build_failure:
             return FlawReport(flaw, ProbeResult("present", build_failure))
+        return None
+
+    def judge(flaw: Flaw) -> FlawReport:
         # The wrapper loads its library relative to the working directory; library-path is the
         # deliberate exception and gets a fresh empty one.
         in_place = implementation.kind == "dir" and flaw.probe_id != "library-path"
@@ -284,15 +298,32 @@ def _run(implementation, timeout, seed, only, jobs, catalog, round_number, prepa
         )
         return FlawReport(flaw, result)
 
+    # Calls come from this thread only (the loop below), so they never overlap.
+    deliver = on_report or (lambda report: None)
+    reports: list[FlawReport | None] = [None] * len(flaws)
+    to_probe = []
+    for index, flaw in enumerate(flaws):
+        if report := settled(flaw):
+            reports[index] = report
+            deliver(report)
+        else:
+            to_probe.append(index)
+    # The executor starts probes in the order they are submitted: the ones asked for first.
+    rank = {flaw_id: n for n, flaw_id in enumerate(first or [])}
+    to_probe.sort(key=lambda index: rank.get(flaws[index].id, len(rank)))  # stable: catalog
     pool = ThreadPoolExecutor(max_workers=jobs or min(8, max(2, os.cpu_count() or 2)))
     try:
-        reports = list(pool.map(judge, flaws))
+        futures = {pool.submit(judge, flaws[index]): index for index in to_probe}
+        for future in as_completed(futures):
+            report = future.result()
+            reports[futures[future]] = report
+            deliver(report)
     except KeyboardInterrupt:  # no probe may outlive a stopped review
         pool.shutdown(wait=False, cancel_futures=True)
         kill_all()
         raise
-    finally:
-        pool.shutdown()
+    finally:  # on an error, start no more probes; let the running ones end
+        pool.shutdown(cancel_futures=True)
     return Review(
         implementation, machine, seed, reports, round_number, kernel_compared=compare_kernel
     )
