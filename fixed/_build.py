@@ -15,7 +15,6 @@ Only public cpp_extension behaviour is used: load() and the TORCH_CUDA_ARCH_LIST
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import fcntl
 import hashlib
@@ -271,15 +270,25 @@ def _end_build(child: subprocess.Popen) -> None:
     """End whatever is left in the build child's process group (nothing, after a build that
     ran to its end). SIGTERM first: ninja passes it on to the compilers, which run in process
     groups of their own, and waits for them; SIGKILL what is left after 10 s."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGTERM)
+    if _signal_group(child.pid, signal.SIGTERM):
         give_up = time.monotonic() + 10
         while time.monotonic() < give_up:
             child.poll()  # reaped, so that an empty group is seen as empty
-            os.killpg(child.pid, 0)  # ProcessLookupError once nothing is left in the group
+            if not _signal_group(child.pid, 0):
+                break
             time.sleep(0.1)
-        os.killpg(child.pid, signal.SIGKILL)
+        else:
+            _signal_group(child.pid, signal.SIGKILL)
     child.wait()
+
+
+def _signal_group(pgid: int, number: int) -> bool:
+    """Send signal `number` to a process group; False when nothing is left in it."""
+    try:
+        os.killpg(pgid, number)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _child_main(flavour: str, stamped: str, lock_fd: str, timeout: str) -> int:

@@ -38,7 +38,9 @@ def main(spec_json: str) -> None:
     env = dict(os.environ, **runner["env"])
     for name in runner.get("unset", []):
         env.pop(name, None)
-    remote = Remote(runner["command"], Path(runner["cwd"]), env, runner["signal_exits"])
+    remote = Remote(
+        runner["command"], Path(runner["cwd"]), env, runner["signal_exits"], runner.get("zygote")
+    )
     kernel = None
     if spec.get("kernel_library"):
         kernel = VendorKernel(Path(spec["kernel_library"]), spec["device"])

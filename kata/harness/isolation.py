@@ -1,6 +1,8 @@
-"""Runs each probe in its own freshly started Python process with a time limit, so that a
-segfault, an abort, an illegal memory access or a hang becomes evidence instead of taking the
-test session or the review down. Processes are spawned, never forked after CUDA init.
+"""Runs each probe in a process of its own with a time limit, so that a segfault, an abort, an
+illegal memory access or a hang becomes evidence instead of taking the test session or the
+review down. The probe's judge and its runner are forked from zygotes (zygote.py) that imported
+torch once for the whole review, never after CUDA init; KATA_ZYGOTE=off (or a zygote that does
+not start) spawns fresh interpreters instead, as does a sandbox that execs (bubblewrap).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kata import REPO_ROOT
-from kata.harness import lifeline, sandbox
+from kata.harness import lifeline, sandbox, zygote
 from kata.harness.child import MARKER
 from kata.harness.remote import RUNNER, death
 
@@ -29,6 +31,21 @@ DEFAULT_TIMEOUT_S = 60.0
 _running: set[subprocess.Popen] = set()
 _running_lock = threading.Lock()
 _stopped = False  # set by kill_all: no new probe process starts after it
+_zygotes: dict[str, zygote.Zygote] = {}  # "judge", "runner": started on first use
+
+
+def _zygote(kind: str, env: dict) -> zygote.Zygote | None:
+    """The review's zygote of this kind, started on first use; None where zygotes are off or
+    this one could not start (each probe then starts fresh interpreters, slower but the same)."""
+    if os.environ.get("KATA_ZYGOTE", "").strip().lower() in ("off", "0", "no", "false"):
+        return None
+    with _running_lock:
+        if _stopped:
+            return None
+        if kind not in _zygotes:
+            _zygotes[kind] = zygote.Zygote(kind, env)
+        started = _zygotes[kind]
+    return started if started.usable() else None
 
 
 def kill_all() -> None:
@@ -39,6 +56,9 @@ def kill_all() -> None:
         for process in _running:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+        for started in _zygotes.values():  # each takes its remaining children with it
+            started.close()
+        _zygotes.clear()
 
 
 @dataclass(frozen=True)
@@ -87,23 +107,30 @@ def run_isolated(
             "device": device,
             "planted_library": str(planted_library) if planted_library else None,
             "kernel_library": str(kernel_library) if kernel_library else None,
-            "runner": _runner(implementation, Path(scratch), cwd),
+            "runner": _runner(implementation, Path(scratch), cwd, env),
         }
-        # -P: the working directory (which the runner may write to) is not on the judge's path
-        command = [sys.executable, "-P", "-m", "kata.harness.child", json.dumps(spec)]
+        judges = _zygote("judge", env)
         with _running_lock:
             if _stopped:
                 return ProbeResult("skipped", "the review was stopped")
-            process = subprocess.Popen(
-                command,
-                cwd=scratch,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group: a timeout kills all it started
-                preexec_fn=lifeline.die_with_this_thread(),  # and it dies with this review
-            )
+            if judges is not None:  # its own session too; it dies with its zygote, which
+                # dies with this review
+                argv = ["kata.harness.child", json.dumps(spec)]
+                process = zygote.spawn(judges.name, argv, cwd=scratch, env=env)
+            else:
+                # -P: the working directory (which the runner may write to) is not on the
+                # judge's path
+                process = subprocess.Popen(
+                    [sys.executable, "-P", "-m", "kata.harness.child", json.dumps(spec)],
+                    cwd=scratch,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own process group: a timeout kills all it
+                    # started
+                    preexec_fn=lifeline.die_with_this_thread(),  # and it dies with this review
+                )
             _running.add(process)
         try:
             stdout, stderr = process.communicate(timeout=timeout)
@@ -142,10 +169,11 @@ def run_isolated(
     return ProbeResult("present", "; ".join([*found, end]), last_case)
 
 
-def _runner(implementation: Implementation, scratch: Path, cwd: Path) -> dict:
+def _runner(implementation: Implementation, scratch: Path, cwd: Path, env: dict) -> dict:
     """How the probe's judge starts the process that runs the implementation: runner.py,
     copied into the scratch directory (always visible, even in a sandbox), with nothing of the
-    harness on its path; for a candidate's code, in a sandbox."""
+    harness on its path; for a candidate's code, in a sandbox. Forked from the runner zygote
+    where one runs and the sandbox can confine a forked child (user namespaces, or none)."""
     script = scratch / "kata_runner.py"
     shutil.copyfile(RUNNER, script)
     command = [sys.executable, "-P", str(script), json.dumps(implementation.to_json())]
@@ -156,17 +184,28 @@ def _runner(implementation: Implementation, scratch: Path, cwd: Path) -> dict:
     ]
     if implementation.kind == "fixed":
         outside.insert(0, str(REPO_ROOT))  # `import fixed`
+    zygote_env = env
     env = {"PYTHONPATH": os.pathsep.join(outside), "TMPDIR": str(scratch)}
     if implementation.kind == "dir":
         # round two's wrapper builds an extension: where kata.harness.round2.prepare built it
         env["TORCH_EXTENSIONS_DIR"] = str(implementation.path / "build" / "torch_extensions")
-    signal_exits = False
+    signal_exits, binds = False, None
+    forked = {"argv": command[2:], "path": outside}
     if implementation.kind == "dir":
         # A candidate's code is a stranger's: no network, writes only to what it is judged in.
         confinement = sandbox.detect()
-        command = confinement.wrap(command, writable=[scratch, implementation.path])
+        writable = [scratch, implementation.path]
+        command = confinement.wrap(command, writable=writable)
         signal_exits = confinement.returncode(128 + signal.SIGSEGV) == -signal.SIGSEGV
-    return {"command": command, "cwd": str(cwd), "env": env, "signal_exits": signal_exits}
+        if confinement.name == "bubblewrap":
+            forked = None  # bwrap confines only what it execs
+        elif confinement.name == "user namespaces":
+            binds = confinement.binds(writable)
+    runner = {"command": command, "cwd": str(cwd), "env": env, "signal_exits": signal_exits}
+    runners = _zygote("runner", zygote_env) if forked is not None else None
+    if runners is not None:
+        runner["zygote"] = {"name": runners.name, "binds": binds, **forked}
+    return runner
 
 
 def _messages(stdout: bytes) -> list[dict]:

@@ -127,8 +127,10 @@ def _tensors(table: list, data: bytearray) -> dict[str, torch.Tensor]:
 class Remote:
     """One runner process for one probe, started on first use."""
 
-    def __init__(self, command: list[str], cwd: Path, env: dict, signal_exits=False):
+    def __init__(self, command: list[str], cwd: Path, env: dict, signal_exits=False, forked=None):
         self.command, self.cwd, self.env = command, cwd, env
+        # From the runner zygote ({"name", "argv", "binds", "path"}: zygote.py), else `command`
+        self.forked = forked
         # bubblewrap reports its child's death by signal N as exit code 128 + N
         self.signal_exits = signal_exits
         self.process: subprocess.Popen | None = None
@@ -136,6 +138,19 @@ class Remote:
         self.mark = 0  # where the current request's stderr begins
 
     def _start(self) -> None:
+        if self.forked is not None:
+            from kata.harness import zygote
+
+            request = {key: value for key, value in self.forked.items() if key != "name"}
+            self.process = zygote.spawn(
+                self.forked["name"], cwd=str(self.cwd), env=self.env, **request
+            )
+        else:
+            self._start_fresh()
+        self.drainer = threading.Thread(target=self._drain, daemon=True)
+        self.drainer.start()
+
+    def _start_fresh(self) -> None:
         self.process = subprocess.Popen(
             self.command,
             cwd=self.cwd,
@@ -145,8 +160,6 @@ class Remote:
             stderr=subprocess.PIPE,
             preexec_fn=lifeline.die_with_this_thread(),  # dies with the judge
         )
-        self.drainer = threading.Thread(target=self._drain, daemon=True)
-        self.drainer.start()
 
     def _drain(self) -> None:
         for chunk in iter(lambda: self.process.stderr.read1(65536), b""):

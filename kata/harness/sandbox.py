@@ -31,6 +31,8 @@ CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, PR_SET_NO_NEW_PRIVS = 1, 28, 0b11, 38
+PR_CAPBSET_DROP, LINUX_CAPABILITY_VERSION_3 = 24, 0x20080522
+SYS_CAPSET = {"x86_64": 126, "aarch64": 91}  # the capset system call, which glibc does not wrap
 BASIC_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = {"fd": "", "stdin": "/0", "stdout": "/1", "stderr": "/2"}  # to /proc/self/fd...
 GPU_DEVICES = ("nvidia", "dri", "kfd")  # name prefixes: NVIDIA (nvidia-caps/ too), DRM, AMD ROCm
@@ -62,6 +64,25 @@ def _launch(args: list[str]) -> None:
     """The launcher's main: never returns. -I -S keep whatever lies in the candidate's working
     directory or PYTHONPATH from being imported before the confinement exists (and start it in
     a few ms): only the standard library's os, sys and ctypes run here."""
+    split = args.index("--")  # before it: --writable DIR or --readable DIR, repeated
+    binds = sorted(zip(args[2:split:2], args[1:split:2], strict=True))  # parents first
+    argv = args[split + 1 :]
+    try:
+        confine(binds)
+        os.execvp(argv[0], argv)
+    except OSError as error:
+        what = error.filename or argv[0]  # None: the exec failed
+        os.write(2, f"kata sandbox: {what}: {error.strerror}\n".encode())
+        os._exit(FAILED)
+
+
+def confine(binds: list[tuple[str, str]]) -> None:
+    """Confine this process, as the module's docstring says: returns in the confined process
+    (pid 2 of a new PID namespace), with `binds` ((path, "--writable" or "--readable"), parents
+    first) mounted. The calling process itself stays outside, waits, and ends as the confined one
+    ends; it never returns. A step that fails writes one "kata sandbox:" line to stderr and
+    exits with FAILED. The caller must be single-threaded (unshare requires it): the launcher,
+    or a child just forked from a zygote (zygote.py) that has closed its descriptors but 0-2."""
     import contextlib
     import ctypes
 
@@ -79,9 +100,6 @@ def _launch(args: list[str]) -> None:
         strings = [None if s is None else os.fsencode(s) for s in (source, target, fstype, data)]
         check(libc.mount(*strings[:3], flags, strings[3]), f"mount {os.fsdecode(target)}")
 
-    split = args.index("--")  # before it: --writable DIR or --readable DIR, repeated
-    binds = sorted(zip(args[2:split:2], args[1:split:2], strict=True))  # parents first
-    argv = args[split + 1 :]
     try:
         cwd, uid, gid = os.getcwd(), os.getuid(), os.getgid()
         check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID), "unshare")
@@ -146,16 +164,26 @@ def _launch(args: list[str]) -> None:
         # remounted, nor the tmpfs mounts unmounted to show what they cover.
         check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
         check(libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_AND_LOCKED, 0, 0, 0), "securebits")
+        # Nor before one: a zygote's child runs the candidate's code without an exec, and the
+        # capabilities the new user namespace gave it would let that code remount what is
+        # read-only. Bounding set first (that needs CAP_SETPCAP), then every set.
+        with open("/proc/sys/kernel/cap_last_cap") as file:
+            for capability in range(int(file.read()) + 1):
+                check(libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0), "prctl(capbset_drop)")
+        header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+        no_capabilities = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2
+        number = SYS_CAPSET.get(os.uname().machine, -1)  # -1: ENOSYS, the sandbox refused
+        check(libc.syscall(number, header, no_capabilities), "capset")
         os.environ.update(CACHE_ENV)
-        # ARGV runs as pid 2, not as init: signals it sends itself (abort, say) act as usual.
+        # The command runs as pid 2, not as init: signals it sends itself (abort, say) act as
+        # usual.
         command = os.fork()
         if command == 0:
             os.close(status_write)
-            os.execvp(argv[0], argv)
+            return
         _reap_until(command, status_write)
     except OSError as error:
-        what = error.filename or argv[0]  # None: the exec failed
-        os.write(2, f"kata sandbox: {what}: {error.strerror}\n".encode())
+        os.write(2, f"kata sandbox: {error.filename or 'confine'}: {error.strerror}\n".encode())
         os._exit(FAILED)
 
 
@@ -243,14 +271,19 @@ class Sandbox:
         """The command to run instead of `argv`: the same program, confined, with the existing
         directories `writable` writable. Give subprocess the cwd, env and start_new_session you
         would give it for `argv`."""
-        binds = {path: "--readable" for path in _python_paths()}
-        binds |= {os.path.realpath(path): "--writable" for path in writable}
-        options = [item for path, option in sorted(binds.items()) for item in (option, path)]
+        options = [item for path, option in self.binds(writable) for item in (option, path)]
         if self.name == "bubblewrap":
             return [*_bwrap_options(options), "--", *argv]
         if self.name == "user namespaces":
             return [sys.executable, "-I", "-S", LAUNCHER, *options, "--", *argv]
         return list(argv)
+
+    def binds(self, writable: list[Path]) -> list[tuple[str, str]]:
+        """(path, "--readable" or "--writable"), parents first: what the sandbox mounts over its
+        read-only view (confine() takes them as they are)."""
+        binds = {path: "--readable" for path in _python_paths()}
+        binds |= {os.path.realpath(path): "--writable" for path in writable}
+        return sorted(binds.items())
 
     def returncode(self, code: int) -> int:
         """The wrapped program's own returncode: negative for a signal death, as subprocess

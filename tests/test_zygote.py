@@ -1,0 +1,172 @@
+"""The zygotes (kata/harness/zygote.py): every probe still gets processes of its own, confined as
+a fresh one would be, with nothing of the harness in reach, and none outlives what it serves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kata import REPO_ROOT
+from kata.harness import sandbox, zygote
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+
+
+@pytest.fixture(scope="module")
+def runners():
+    started = zygote.Zygote("runner", ENV)
+    assert started.usable(), started.failed
+    yield started
+    started.close()
+
+
+def run_script(runners, tmp_path, source: str, binds=None, timeout=60) -> tuple[int, str, str]:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(source))
+    child = zygote.spawn(
+        runners.name, [str(script)], cwd=str(tmp_path), env=dict(os.environ), binds=binds, path=[]
+    )
+    stdout, stderr = child.communicate(timeout=timeout)
+    return child.returncode, stdout.decode(), stderr.decode()
+
+
+def test_each_child_starts_from_the_zygote_not_from_its_siblings(runners, tmp_path):
+    """A module-level counter (what a wrapper counting its calls would keep) starts afresh in
+    every child: state never crosses from one probe's process to another's."""
+    source = """
+        import torch
+        torch.calls = getattr(torch, "calls", 0) + 1
+        print(torch.calls, "cuda initialised" if torch.cuda.is_initialized() else "no cuda yet")
+    """
+    for _ in range(3):
+        returncode, stdout, stderr = run_script(runners, tmp_path, source)
+        assert returncode == 0, stderr
+        assert stdout.split() == ["1", "no", "cuda", "yet"]
+
+
+def test_a_runner_child_has_nothing_of_the_harness(runners, tmp_path):
+    source = f"""
+        import sys
+        assert not [name for name in sys.modules if name.split(".")[0] == "kata"], sys.modules
+        assert {str(REPO_ROOT)!r} not in sys.path, sys.path
+        try:
+            import kata
+        except ImportError:
+            print("no harness")
+    """
+    returncode, stdout, stderr = run_script(runners, tmp_path, source)
+    assert (returncode, stdout.strip()) == (0, "no harness"), stderr
+
+
+def test_a_runner_child_is_confined_as_a_fresh_one(runners, tmp_path):
+    confinement = sandbox.detect()
+    if confinement.name != "user namespaces":
+        pytest.skip(f"forked children are confined with user namespaces; here: {confinement.name}")
+    writable = tmp_path / "judged"
+    writable.mkdir()
+    outside = REPO_ROOT / "kata-zygote-escape"
+    source = f"""
+        import os, socket
+        open("written", "w").close()
+        try:
+            open({str(outside)!r}, "w").close()
+            print("wrote outside")
+        except OSError as error:
+            print("blocked:", error.strerror)
+        print("pid", os.getpid())
+        try:
+            socket.create_connection(("127.0.0.1", 22), timeout=2)
+        except OSError:
+            print("no network")
+        caps = [l for l in open("/proc/self/status") if l.startswith("CapEff")]
+        print(caps[0].split()[1])
+    """
+    binds = confinement.binds([writable])
+    script = writable / "script.py"
+    script.write_text(textwrap.dedent(source))
+    child = zygote.spawn(
+        runners.name, [str(script)], cwd=str(writable), env=dict(os.environ), binds=binds, path=[]
+    )
+    stdout, stderr = child.communicate(timeout=60)
+    lines = stdout.decode().splitlines()
+    assert child.returncode == 0, stderr.decode()
+    assert (writable / "written").exists() and not outside.exists()
+    assert lines[0].startswith("blocked:"), lines
+    assert lines[1] == "pid 2", lines  # a PID namespace of its own, as the launcher gives
+    assert lines[2] == "no network", lines
+    assert lines[3] == "0000000000000000", lines
+
+
+def test_a_child_whose_client_goes_away_is_killed(runners, tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    child = zygote.spawn(
+        runners.name, [str(script)], cwd=str(tmp_path), env=ENV, binds=None, path=[]
+    )
+    assert child.stdout.readline() == b"up\n"
+    child.connection.close()  # as when the judge that asked for it dies
+    deadline = time.monotonic() + 10
+    while _alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child.pid), "the runner outlived its judge"
+
+
+def test_a_zygote_whose_review_goes_away_takes_its_children(tmp_path):
+    started = zygote.Zygote("runner", ENV)
+    assert started.usable(), started.failed
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    child = zygote.spawn(
+        started.name, [str(script)], cwd=str(tmp_path), env=ENV, binds=None, path=[]
+    )
+    assert child.stdout.readline() == b"up\n"
+    started.process.stdin.close()  # what the review's death does
+    assert started.process.wait(timeout=10) == 0
+    deadline = time.monotonic() + 10
+    while _alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child.pid), "a probe outlived its review's zygote"
+
+
+def test_exit_codes_and_signals_come_back_as_popen_reports_them(runners, tmp_path):
+    assert run_script(runners, tmp_path, "raise SystemExit(7)")[0] == 7
+    assert run_script(runners, tmp_path, "import os\nos.abort()")[0] == -signal.SIGABRT
+    returncode, _, stderr = run_script(runners, tmp_path, "raise ValueError('boom')")
+    assert returncode == 1 and "ValueError: boom" in stderr
+
+
+def test_someone_else_cannot_fork_from_it(runners):
+    """Only this user's processes are served (abstract sockets have no file permissions)."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to connect as another user")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setuid(65534)
+            zygote.spawn(runners.name, [sys.executable], cwd="/", env={}, binds=None, path=[])
+            os._exit(1)
+        except OSError:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0, "a process of another user was served"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_an_uncaught_keyboard_interrupt_ends_the_child_as_python_ends(runners, tmp_path):
+    """A fresh interpreter dies by SIGINT after an uncaught KeyboardInterrupt; so does a child
+    (tests/adversarial/exits_instead_of_raising.py states the evidence it gives)."""
+    returncode, _, stderr = run_script(runners, tmp_path, "raise KeyboardInterrupt")
+    assert returncode == -signal.SIGINT and "KeyboardInterrupt" in stderr
