@@ -22,7 +22,6 @@ from pathlib import Path
 from kata import REPO_ROOT
 from kata.harness import lifeline, sandbox, zygote
 from kata.harness.child import MARKER
-from kata.harness.remote import RUNNER, death
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -37,7 +36,7 @@ _zygotes: dict[str, zygote.Zygote] = {}  # "judge", "runner": started on first u
 def _zygote(kind: str, env: dict) -> zygote.Zygote | None:
     """The review's zygote of this kind, started on first use; None where zygotes are off or
     this one could not start (each probe then starts fresh interpreters, slower but the same)."""
-    if os.environ.get("KATA_ZYGOTE", "").strip().lower() in ("off", "0", "no", "false"):
+    if not _zygotes_wanted():
         return None
     with _running_lock:
         if _stopped:
@@ -46,6 +45,25 @@ def _zygote(kind: str, env: dict) -> zygote.Zygote | None:
             _zygotes[kind] = zygote.Zygote(kind, env)
         started = _zygotes[kind]
     return started if started.usable() else None
+
+
+def start_zygotes() -> None:
+    """Start both zygotes now, without waiting: they import torch while the review imports its
+    own and builds what it needs (this module imports torch only when a probe runs)."""
+    for kind in ("judge", "runner"):
+        with _running_lock:
+            if not _stopped and kind not in _zygotes and _zygotes_wanted():
+                _zygotes[kind] = zygote.Zygote(kind, _probe_env())
+
+
+def _zygotes_wanted() -> bool:
+    return os.environ.get("KATA_ZYGOTE", "").strip().lower() not in ("off", "0", "no", "false")
+
+
+def _probe_env() -> dict:
+    """The environment of a probe's judge (and of the zygotes): the harness importable."""
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=python_path, PYTHONFAULTHANDLER="1")
 
 
 def kill_all() -> None:
@@ -97,8 +115,7 @@ def run_isolated(
 ) -> ProbeResult:
     """Run one probe in a child process and turn whatever happens into a ProbeResult.
     `kernel_library`: the shipped vendor kernel, whose answers a wrapper must return."""
-    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=python_path, PYTHONFAULTHANDLER="1")
+    env = _probe_env()
     with tempfile.TemporaryDirectory(prefix=f"kata-{probe_id}-") as scratch:
         cwd = workdir or Path(scratch)
         spec = {
@@ -165,6 +182,8 @@ def run_isolated(
     elif stopped:
         end = stopped[-1] + during
     else:
+        from kata.harness.remote import death
+
         end = death(returncode, stderr) + during
     return ProbeResult("present", "; ".join([*found, end]), last_case)
 
@@ -175,6 +194,8 @@ def _runner(implementation: Implementation, scratch: Path, cwd: Path, env: dict)
     harness on its path; for a candidate's code, in a sandbox. Forked from the runner zygote
     where one runs and the sandbox can confine a forked child (user namespaces, or none)."""
     script = scratch / "kata_runner.py"
+    from kata.harness.remote import RUNNER  # imports torch: after the zygotes started
+
     shutil.copyfile(RUNNER, script)
     command = [sys.executable, "-P", str(script), json.dumps(implementation.to_json())]
     outside = [
