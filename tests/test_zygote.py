@@ -1,5 +1,6 @@
-"""The zygotes (kata/harness/zygote.py): every probe still gets processes of its own, confined as
-a fresh one would be, with nothing of the harness in reach, and none outlives what it serves."""
+"""The zygotes (kata/harness/zygote.py, forked.py): every probe still gets processes of its
+own, confined as a fresh one would be, with nothing of the harness in reach, and none outlives
+what it serves."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kata import REPO_ROOT
-from kata.harness import sandbox, zygote
+from kata.harness import forked, sandbox, zygote
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
 
@@ -29,7 +30,7 @@ def runners():
 def run_script(runners, tmp_path, source: str, binds=None, timeout=60) -> tuple[int, str, str]:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(source))
-    child = zygote.spawn(
+    child = forked.spawn(
         runners.name, [str(script)], cwd=str(tmp_path), env=dict(os.environ), binds=binds, path=[]
     )
     stdout, stderr = child.communicate(timeout=timeout)
@@ -90,7 +91,7 @@ def test_a_runner_child_is_confined_as_a_fresh_one(runners, tmp_path):
     binds = confinement.binds([writable])
     script = writable / "script.py"
     script.write_text(textwrap.dedent(source))
-    child = zygote.spawn(
+    child = forked.spawn(
         runners.name, [str(script)], cwd=str(writable), env=dict(os.environ), binds=binds, path=[]
     )
     stdout, stderr = child.communicate(timeout=60)
@@ -106,7 +107,7 @@ def test_a_runner_child_is_confined_as_a_fresh_one(runners, tmp_path):
 def test_a_child_whose_client_goes_away_is_killed(runners, tmp_path):
     script = tmp_path / "sleeper.py"
     script.write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
-    child = zygote.spawn(
+    child = forked.spawn(
         runners.name, [str(script)], cwd=str(tmp_path), env=ENV, binds=None, path=[]
     )
     assert child.stdout.readline() == b"up\n"
@@ -122,7 +123,7 @@ def test_a_zygote_whose_review_goes_away_takes_its_children(tmp_path):
     assert started.usable(), started.failed
     script = tmp_path / "sleeper.py"
     script.write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
-    child = zygote.spawn(
+    child = forked.spawn(
         started.name, [str(script)], cwd=str(tmp_path), env=ENV, binds=None, path=[]
     )
     assert child.stdout.readline() == b"up\n"
@@ -149,7 +150,7 @@ def test_someone_else_cannot_fork_from_it(runners):
     if pid == 0:
         try:
             os.setuid(65534)
-            zygote.spawn(runners.name, [sys.executable], cwd="/", env={}, binds=None, path=[])
+            forked.spawn(runners.name, [sys.executable], cwd="/", env={}, binds=None, path=[])
             os._exit(1)
         except OSError:
             os._exit(0)

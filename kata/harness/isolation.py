@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kata import REPO_ROOT
-from kata.harness import lifeline, sandbox, zygote
+from kata.harness import forked, lifeline, sandbox, zygote
 from kata.harness.child import MARKER
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -133,7 +133,7 @@ def run_isolated(
             if judges is not None:  # its own session too; it dies with its zygote, which
                 # dies with this review
                 argv = ["kata.harness.child", json.dumps(spec)]
-                process = zygote.spawn(judges.name, argv, cwd=scratch, env=env)
+                process = forked.spawn(judges.name, argv, cwd=scratch, env=env)
             else:
                 # -P: the working directory (which the runner may write to) is not on the
                 # judge's path

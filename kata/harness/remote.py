@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from kata.harness import lifeline
+from kata.harness import forked, lifeline
 
 RUNNER = Path(__file__).resolve().with_name("runner.py")
 # The most an answer may take: 8 x the largest a probe asks for (the stream probe's output, a
@@ -139,10 +139,8 @@ class Remote:
 
     def _start(self) -> None:
         if self.forked is not None:
-            from kata.harness import zygote
-
             request = {key: value for key, value in self.forked.items() if key != "name"}
-            self.process = zygote.spawn(
+            self.process = forked.spawn(
                 self.forked["name"], cwd=str(self.cwd), env=self.env, **request
             )
         else:

@@ -28,9 +28,11 @@ from kata.harness.isolation import (
 )
 from kata.toolchain import builders
 
-# The probes that take longest (torch.compile's tracing; on a GPU the stream probe's trials and
-# int32-sizes' 2^31-element inputs), by measurement: on two cores compile alone takes 1.4 s.
-LONG_PROBES = ("compile", "int32-sizes", "stream")
+# The probes that take longest (torch.compile's tracing; on a GPU the stream probe's trials), by
+# measurement: on two cores compile alone takes 1.4 s. Not int32-sizes, which takes 40 GB of GPU
+# memory: first in every review, reviews side by side on one GPU (make test -n 4) ran it at the
+# same moment and ran out of memory (seen on an H100: 28 of 67 adversarial tests failed so).
+LONG_PROBES = ("compile", "stream")
 BIG_MEMORY_BYTES = 60 * 2**30  # the int32-sizes inputs live in the judge and the runner
 
 
