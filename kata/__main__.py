@@ -48,9 +48,11 @@ def _check_cuda(args) -> int:
     from kata.toolchain.builders import PURE_CUDA_SOURCES, SM90A_CUDA_SOURCES, compile_check_cuda
 
     for arch, sources in ((args.arch, PURE_CUDA_SOURCES), ("sm_90a", SM90A_CUDA_SOURCES)):
-        compile_check_cuda(sources, arch=arch)
+        ran = compile_check_cuda(sources, arch=arch)
         names = ", ".join(str(source.relative_to(REPO_ROOT)) for source in sources)
-        print(f"nvcc -arch={arch} compiles {names}")
+        print(
+            f"nvcc -arch={arch} compiles {names}" + ("" if ran else " (unchanged: passed before)")
+        )
     return 0
 
 

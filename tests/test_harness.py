@@ -428,7 +428,25 @@ def test_pure_cuda_sources_compile_with_nvcc(arch):
     the flags torch's extension build gives nvcc (no implicit half/bfloat16 conversions); for
     sm_90a, the headers with wgmma code (only that image has it)."""
     sources = builders.PURE_CUDA_SOURCES if arch == "sm_90" else builders.SM90A_CUDA_SOURCES
-    builders.compile_check_cuda(sources, arch=arch)
+    builders.compile_check_cuda(sources, arch=arch)  # skipped when these bytes passed before
+
+
+def test_a_passed_cuda_check_reruns_only_when_an_input_changes(tmp_path, monkeypatch):
+    """compile_check_cuda remembers what passed: the same nvcc, flags and bytes of the sources and
+    their neighbours (what they may include) skip the compile; a changed header does not."""
+    compiled = []
+    monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
+    monkeypatch.setattr(builders, "_require_tool", lambda *_: sys.executable)
+    monkeypatch.setattr(builders, "_run_compiler", lambda command, _: compiled.append(command))
+    monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: ["-DFLAG"])
+    kernel, header = tmp_path / "kernel.cuh", tmp_path / "common.cuh"
+    kernel.write_text('#include "common.cuh"\n')
+    header.write_text("// v1\n")
+    assert builders.compile_check_cuda([kernel], arch="sm_90") and len(compiled) == 1
+    assert not builders.compile_check_cuda([kernel], arch="sm_90") and len(compiled) == 1
+    assert builders.compile_check_cuda([kernel], arch="sm_90a") and len(compiled) == 2
+    header.write_text("// v2\n")
+    assert builders.compile_check_cuda([kernel], arch="sm_90") and len(compiled) == 3
 
 
 def test_stale_vendor_library_is_rebuilt(candidate):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from kata import FIXED_DIR, REPO_ROOT, KataError
@@ -250,13 +251,39 @@ def _torch_nvcc_flags() -> list[str]:
     return list(COMMON_NVCC_FLAGS)
 
 
-def compile_check_cuda(sources=PURE_CUDA_SOURCES, arch: str = "sm_90") -> None:
-    """Compile pure CUDA sources with nvcc (no GPU needed, nothing runs)."""
+CUDA_CHECKS_DIR = BUILD_DIR / "cuda-checks"  # one empty file per passed check, named by its inputs
+
+
+def compile_check_cuda(sources=PURE_CUDA_SOURCES, arch: str = "sm_90") -> bool:
+    """Compile pure CUDA sources with nvcc (no GPU needed, nothing runs). Skipped, returning
+    False, when the same check passed before: the same nvcc, flags and arch over the same bytes
+    of the sources and of every file they may include (their directories'); True when run."""
     purpose = "compile-check CUDA sources"
     nvcc = _require_tool("nvcc", purpose, "install the CUDA toolkit or put it on PATH")
+    flags = [f"-arch={arch}", *_torch_nvcc_flags(), "-x", "cu", "-c"]
+    passed = CUDA_CHECKS_DIR / f"{arch}-{_check_digest(nvcc, flags, sources)}"
+    if passed.exists():
+        return False
     with tempfile.TemporaryDirectory() as scratch:
         for source in sources:
             output = Path(scratch) / (source.stem + ".o")
-            command = [nvcc, f"-arch={arch}", *_torch_nvcc_flags(), "-x", "cu", "-c", str(source)]
-            command += ["-o", str(output)]
-            _run_compiler(command, purpose)
+            _run_compiler([nvcc, *flags, str(source), "-o", str(output)], purpose)
+    CUDA_CHECKS_DIR.mkdir(parents=True, exist_ok=True)
+    passed.touch()
+    return True
+
+
+def _check_digest(nvcc: str, flags: list[str], sources) -> str:
+    digest = hashlib.sha256()
+    try:
+        version = subprocess.run(
+            [nvcc, "--version"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        version = f"unknown {time.time()}"  # never matches: the check runs
+    digest.update(repr((version, flags, [str(source) for source in sources])).encode())
+    included = sorted({path for source in sources for path in Path(source).parent.iterdir()})
+    for path in included:
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:24]
