@@ -20,6 +20,7 @@ from kata.harness import catalog, hints
 from kata.harness.catalog import CATALOG
 from kata.interviewer.handout import build_handout
 from kata.toolchain import builders
+from tests.process_support import alive
 from tests.terminal_support import sigint_at_default
 
 ROUND_ONE_IDS = ", ".join(flaw.id for flaw in CATALOG)
@@ -163,22 +164,13 @@ def test_ctrl_c_stops_review_with_one_line_and_no_probe_left(tmp_path):
         if review.poll() is None:
             review.kill()
     time.sleep(0.5)
-    alive = [pid for pid in started if _alive(pid)]
-    for pid in alive:
+    survivors = [pid for pid in started if alive(pid)]
+    for pid in survivors:
         os.kill(pid, signal.SIGKILL)
-    assert not alive, f"probe processes outlived the stopped review: {alive}"
+    assert not survivors, f"probe processes outlived the stopped review: {survivors}"
     assert "Traceback" not in stdout + stderr, stderr
     assert stderr.splitlines() == ["kata: stopped (Ctrl-C)"], stderr
     assert review.returncode == 130
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")  # a zombie, killed but not reaped, counts as gone
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
 def test_torch_without_numpy_keeps_errors_to_one_line(tmp_path):

@@ -27,6 +27,7 @@ from kata.harness.remote import MAX_ANSWER_BYTES, Remote, RunnerStopped
 from kata.harness.review import resolve_implementation, run_review
 from kata.harness.rubric import rubric_section
 from kata.toolchain import builders, shipped
+from tests.process_support import alive
 from tests.terminal_support import sigint_at_default
 
 FAST_PROBES = ["shape", "contiguity"]  # two cheap probes: enough to see a review complete
@@ -153,8 +154,8 @@ def test_ctrl_c_leaves_no_probe_running(candidate, tmp_path):
             os.kill(pid, signal.SIGKILL)
         pytest.fail("the review did not stop within 30 s of Ctrl-C: it waited for its probes")
     time.sleep(0.5)
-    alive = [pid for pid in started if _alive(pid)]
-    assert not alive, f"probe processes outlived the stopped review: {alive}"
+    survivors = [pid for pid in started if alive(pid)]
+    assert not survivors, f"probe processes outlived the stopped review: {survivors}"
 
 
 @pytest.mark.parametrize("confinement", ["machine-sandbox", "sandbox-off"])
@@ -210,7 +211,7 @@ def _processes_marked(mark: str) -> list[tuple[int, str]]:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if f"KATA_TEST_MARK={mark}".encode() in environment and _alive(int(entry.name)):
+        if f"KATA_TEST_MARK={mark}".encode() in environment and alive(int(entry.name)):
             found.append((int(entry.name), command[:200]))
     return found
 
@@ -220,16 +221,6 @@ def _is_runner(pid: int, command: str) -> bool:
         if Path(f"/proc/{pid}/comm").read_text().strip() == "kata-runner":
             return True
     return "kata_runner.py" in command
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (killed, not yet reaped by its parent, which has exited) counts as gone.
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
 def test_syntax_broken_candidate_is_present_with_the_error(candidate):

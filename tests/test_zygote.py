@@ -9,12 +9,12 @@ import signal
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from kata import REPO_ROOT
 from kata.harness import forked, sandbox, zygote
+from tests.process_support import alive
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
 
@@ -113,9 +113,9 @@ def test_a_child_whose_client_goes_away_is_killed(runners, tmp_path):
     assert child.stdout.readline() == b"up\n"
     child.connection.close()  # as when the judge that asked for it dies
     deadline = time.monotonic() + 10
-    while _alive(child.pid) and time.monotonic() < deadline:
+    while alive(child.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(child.pid), "the runner outlived its judge"
+    assert not alive(child.pid), "the runner outlived its judge"
 
 
 def test_a_zygote_whose_review_goes_away_takes_its_children(tmp_path):
@@ -130,9 +130,9 @@ def test_a_zygote_whose_review_goes_away_takes_its_children(tmp_path):
     started.process.stdin.close()  # what the review's death does
     assert started.process.wait(timeout=10) == 0
     deadline = time.monotonic() + 10
-    while _alive(child.pid) and time.monotonic() < deadline:
+    while alive(child.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(child.pid), "a probe outlived its review's zygote"
+    assert not alive(child.pid), "a probe outlived its review's zygote"
 
 
 def test_exit_codes_and_signals_come_back_as_popen_reports_them(runners, tmp_path):
@@ -155,15 +155,6 @@ def test_someone_else_cannot_fork_from_it(runners):
         except OSError:
             os._exit(0)
     assert os.waitpid(pid, 0)[1] == 0, "a process of another user was served"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
 def test_an_uncaught_keyboard_interrupt_ends_the_child_as_python_ends(runners, tmp_path):
