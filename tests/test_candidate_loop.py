@@ -216,8 +216,11 @@ def test_make_kata_on_the_shipped_handout(shipped_handout):
         "(`make watch` re-runs it on every save)."
     )
 
-    # The replay command reproduces the evidence printed. Word for word but for parentheses:
-    # what the C library says as it aborts on a corrupted heap varies from run to run.
+    # The replay command reproduces the evidence printed: the same cases, failing the same way.
+    # Word for word but for parentheses, signal names and numbers, which vary from run to run:
+    # a corrupted heap aborts (SIGABRT, with what the C library says) or faults (SIGSEGV, seen
+    # in CI on torch 2.15), and a result read from memory nothing wrote has another error each
+    # time (the first failure to come may be contiguity's: "relative error 1.1", then "0.99").
     replay = kata("review", "--only", first.id, "--seed", seed[1], "--json", cwd=shipped_handout)
     evidence = json.loads(replay.stdout)["flaws"][0]["evidence"]
     printed = out.split(f" - {first.title}\n", 1)[1].split("\n\n", 1)[0]
@@ -225,7 +228,9 @@ def test_make_kata_on_the_shipped_handout(shipped_handout):
 
 
 def _words(text: str) -> str:
-    return " ".join(re.sub(r"\((?:[^()]|\([^()]*\))*\)", "", text).split())
+    text = re.sub(r"\((?:[^()]|\([^()]*\))*\)", "", text)
+    text = re.sub(r"\bSIG[A-Z]+\b", "SIG", text)
+    return " ".join(re.sub(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N", text).split())
 
 
 def test_hints_go_up_a_level_each_time_and_stay_in_the_handout(handout):

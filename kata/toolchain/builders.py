@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kata import FIXED_DIR, REPO_ROOT, KataError
@@ -264,10 +265,15 @@ def compile_check_cuda(sources=PURE_CUDA_SOURCES, arch: str = "sm_90") -> bool:
     passed = CUDA_CHECKS_DIR / f"{arch}-{_check_digest(nvcc, flags, sources)}"
     if passed.exists():
         return False
-    with tempfile.TemporaryDirectory() as scratch:
-        for source in sources:
-            output = Path(scratch) / (source.stem + ".o")
-            _run_compiler([nvcc, *flags, str(source), "-o", str(output)], purpose)
+    with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(os.cpu_count()) as pool:
+        compiles = [
+            pool.submit(
+                _run_compiler, [nvcc, *flags, str(source), "-o", f"{scratch}/{n}.o"], purpose
+            )
+            for n, source in enumerate(sources)
+        ]
+        for compiled in compiles:
+            compiled.result()  # the first failure, in the order of `sources`
     CUDA_CHECKS_DIR.mkdir(parents=True, exist_ok=True)
     passed.touch()
     return True
