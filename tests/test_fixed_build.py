@@ -107,7 +107,10 @@ def test_builds_killed_at_random_moments_never_block_the_next_import(private_fix
         victim = start_import(private_fixed)
         delay = draw.uniform(0.5, 10.0)
         time.sleep(delay)
-        kill_tree(victim.pid) if whole_tree else victim.kill()
+        if whole_tree:
+            kill_tree(victim.pid)
+        else:
+            victim.kill()
         victim.communicate()
         kills.append(f"{'all' if whole_tree else 'importer'} at {delay:.1f} s")
     returncode, stdout, stderr = finish(start_import(private_fixed))

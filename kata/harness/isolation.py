@@ -33,31 +33,31 @@ _stopped = False  # set by kill_all: no new probe process starts after it
 _zygotes: dict[str, zygote.Zygote] = {}  # "judge", "runner": started on first use
 
 
-def _zygote(kind: str, env: dict) -> zygote.Zygote | None:
-    """The review's zygote of this kind, started on first use; None where zygotes are off or
-    this one could not start (each probe then starts fresh interpreters, slower but the same)."""
-    if not _zygotes_wanted():
-        return None
+def _zygote(kind: str) -> zygote.Zygote | None:
+    """The review's zygote of this kind, started on first use, once it is ready; None where
+    zygotes are off or this one could not start (each probe then starts fresh interpreters,
+    slower but the same)."""
     with _running_lock:
-        if _stopped:
-            return None
-        if kind not in _zygotes:
-            _zygotes[kind] = zygote.Zygote(kind, env)
-        started = _zygotes[kind]
-    return started if started.usable() else None
+        started = _start_zygote(kind)
+    return started if started is not None and started.usable() else None
 
 
 def start_zygotes() -> None:
     """Start both zygotes now, without waiting: they import torch while the review imports its
     own and builds what it needs (this module imports torch only when a probe runs)."""
-    for kind in ("judge", "runner"):
-        with _running_lock:
-            if not _stopped and kind not in _zygotes and _zygotes_wanted():
-                _zygotes[kind] = zygote.Zygote(kind, _probe_env())
+    with _running_lock:
+        for kind in ("judge", "runner"):
+            _start_zygote(kind)
 
 
-def _zygotes_wanted() -> bool:
-    return os.environ.get("KATA_ZYGOTE", "").strip().lower() not in ("off", "0", "no", "false")
+def _start_zygote(kind: str) -> zygote.Zygote | None:
+    """Under _running_lock: the zygote of this kind, started if it is not yet."""
+    off = os.environ.get("KATA_ZYGOTE", "").strip().lower() in ("off", "0", "no", "false")
+    if off or _stopped:
+        return None
+    if kind not in _zygotes:
+        _zygotes[kind] = zygote.Zygote(kind, _probe_env())
+    return _zygotes[kind]
 
 
 def _probe_env() -> dict:
@@ -124,14 +124,14 @@ def run_isolated(
             "device": device,
             "planted_library": str(planted_library) if planted_library else None,
             "kernel_library": str(kernel_library) if kernel_library else None,
-            "runner": _runner(implementation, Path(scratch), cwd, env),
+            "runner": _runner(implementation, Path(scratch), cwd),
         }
-        judges = _zygote("judge", env)
+        judges = _zygote("judge")
         with _running_lock:
             if _stopped:
                 return ProbeResult("skipped", "the review was stopped")
-            if judges is not None:  # its own session too; it dies with its zygote, which
-                # dies with this review
+            if judges is not None:  # in a session of its own, dying with its zygote (and the
+                # zygote with this review)
                 argv = ["kata.harness.child", json.dumps(spec)]
                 process = forked.spawn(judges.name, argv, cwd=scratch, env=env)
             else:
@@ -188,7 +188,7 @@ def run_isolated(
     return ProbeResult("present", "; ".join([*found, end]), last_case)
 
 
-def _runner(implementation: Implementation, scratch: Path, cwd: Path, env: dict) -> dict:
+def _runner(implementation: Implementation, scratch: Path, cwd: Path) -> dict:
     """How the probe's judge starts the process that runs the implementation: runner.py,
     copied into the scratch directory (always visible, even in a sandbox), with nothing of the
     harness on its path; for a candidate's code, in a sandbox. Forked from the runner zygote
@@ -205,13 +205,12 @@ def _runner(implementation: Implementation, scratch: Path, cwd: Path, env: dict)
     ]
     if implementation.kind == "fixed":
         outside.insert(0, str(REPO_ROOT))  # `import fixed`
-    zygote_env = env
     env = {"PYTHONPATH": os.pathsep.join(outside), "TMPDIR": str(scratch)}
     if implementation.kind == "dir":
         # round two's wrapper builds an extension: where kata.harness.round2.prepare built it
         env["TORCH_EXTENSIONS_DIR"] = str(implementation.path / "build" / "torch_extensions")
     signal_exits, binds = False, None
-    forked = {"argv": command[2:], "path": outside}
+    fork_request = {"argv": command[2:], "path": outside}
     if implementation.kind == "dir":
         # A candidate's code is a stranger's: no network, writes only to what it is judged in.
         confinement = sandbox.detect()
@@ -219,13 +218,13 @@ def _runner(implementation: Implementation, scratch: Path, cwd: Path, env: dict)
         command = confinement.wrap(command, writable=writable)
         signal_exits = confinement.returncode(128 + signal.SIGSEGV) == -signal.SIGSEGV
         if confinement.name == "bubblewrap":
-            forked = None  # bwrap confines only what it execs
+            fork_request = None  # bwrap confines only what it execs
         elif confinement.name == "user namespaces":
             binds = confinement.binds(writable)
     runner = {"command": command, "cwd": str(cwd), "env": env, "signal_exits": signal_exits}
-    runners = _zygote("runner", zygote_env) if forked is not None else None
+    runners = _zygote("runner") if fork_request is not None else None
     if runners is not None:
-        runner["zygote"] = {"name": runners.name, "binds": binds, **forked}
+        runner["zygote"] = {"name": runners.name, "binds": binds, **fork_request}
     return runner
 
 

@@ -127,10 +127,10 @@ def _tensors(table: list, data: bytearray) -> dict[str, torch.Tensor]:
 class Remote:
     """One runner process for one probe, started on first use."""
 
-    def __init__(self, command: list[str], cwd: Path, env: dict, signal_exits=False, forked=None):
+    def __init__(self, command, cwd: Path, env: dict, signal_exits=False, fork_request=None):
         self.command, self.cwd, self.env = command, cwd, env
         # From the runner zygote ({"name", "argv", "binds", "path"}: zygote.py), else `command`
-        self.forked = forked
+        self.fork_request = fork_request
         # bubblewrap reports its child's death by signal N as exit code 128 + N
         self.signal_exits = signal_exits
         self.process: subprocess.Popen | None = None
@@ -138,11 +138,10 @@ class Remote:
         self.mark = 0  # where the current request's stderr begins
 
     def _start(self) -> None:
-        if self.forked is not None:
-            request = {key: value for key, value in self.forked.items() if key != "name"}
-            self.process = forked.spawn(
-                self.forked["name"], cwd=str(self.cwd), env=self.env, **request
-            )
+        if self.fork_request is not None:
+            request = dict(self.fork_request)
+            name = request.pop("name")
+            self.process = forked.spawn(name, cwd=str(self.cwd), env=self.env, **request)
         else:
             self._start_fresh()
         self.drainer = threading.Thread(target=self._drain, daemon=True)
