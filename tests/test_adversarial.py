@@ -25,8 +25,9 @@ NAME` runs one; tests/adversarial/README.md describes the families.
 
 By default (`make test`, CI) every candidate is reviewed on every id it states that this machine
 can run. KATA_ADVERSARIAL=focus reviews only each candidate's focus ids (what it is about), a
-few minutes instead of about ten on two cores, for quick iteration. KATA_ADVERSARIAL_SEED=N
-reruns with the seed a failure printed.
+few minutes instead of about ten on two cores, for quick iteration. KATA_ADVERSARIAL_IDS=ID,ID
+reviews only those ids of every candidate (the multi-gpu verdicts on a two-GPU machine, say).
+KATA_ADVERSARIAL_SEED=N reruns with the seed a failure printed.
 """
 
 from __future__ import annotations
@@ -203,6 +204,18 @@ def pristine(tmp_path_factory) -> Path:
     return directory
 
 
+def _chosen_ids() -> set[str] | None:
+    """KATA_ADVERSARIAL_IDS, checked against the catalog: a typo must not skip the whole corpus."""
+    setting = os.environ.get("KATA_ADVERSARIAL_IDS", "").strip()
+    if not setting:
+        return None
+    chosen = {flaw_id.strip() for flaw_id in setting.split(",") if flaw_id.strip()}
+    if unknown := sorted(chosen - set(BY_ID)):
+        names = ", ".join(unknown)
+        pytest.fail(f"KATA_ADVERSARIAL_IDS names no catalog id: {names}", pytrace=False)
+    return chosen
+
+
 # --------------------------------------------------------------------------------------- tests
 
 
@@ -213,12 +226,16 @@ def test_candidate_gets_the_verdicts_it_states(path, pristine, machine, tmp_path
         request.applymarker(pytest.mark.xfail(reason=spec.xfail, strict=True))
     where = "gpu" if machine.probe_device == "cuda" else "cpu"
     everything = os.environ.get("KATA_ADVERSARIAL", "all") != "focus"
+    chosen = _chosen_ids()
     expected = {
         flaw_id: expect
         for flaw_id, expect in spec.on(where).items()
         if machine.skip_reason(BY_ID[flaw_id]) is None
         and (everything or spec.focus is None or flaw_id in spec.focus)
+        and (chosen is None or flaw_id in chosen)
     }
+    if not expected and chosen is not None:
+        pytest.skip(f"KATA_ADVERSARIAL_IDS={','.join(sorted(chosen))}: none of them runs here")
     if not expected:
         focus = ", ".join(sorted(spec.focus or ()))
         pytest.skip(
