@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from kata import FLAWED_DIR, REPO_ROOT, KataError
+from kata.harness import review as review_module
 from kata.harness.catalog import CATALOG
 from kata.harness.hints import next_hint
 from kata.harness.probes import PROBES
@@ -542,3 +543,43 @@ def test_sanitizer_runner_passes_clean_output_and_fails_otherwise(tmp_path, monk
         run_clean(str(stand_in), "memcheck", script, tmp_path, clean)
     with pytest.raises(AssertionError, match="did not finish"):
         run_clean(str(stand_in), "memcheck", "pass\n", tmp_path, clean)
+
+
+def _hold_lock(path: Path) -> subprocess.Popen:
+    """Another review's big-memory probe: a process holding the lock until it is killed."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time\n"
+            "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)\n"
+            "time.sleep(60)",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_big_memory_probes_take_turns(tmp_path, monkeypatch, capfd):
+    """Two reviews on one GPU never run int32-sizes at once: the second waits for the lock (and
+    says so), gives up after its patience, and checks the free memory once it holds it."""
+    lock = tmp_path / "big.lock"
+    monkeypatch.setattr(review_module, "BIG_MEMORY_LOCK", lock)
+    free = {"bytes": 80 * 2**30}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=0: (free["bytes"], 2**37))
+    holder = _hold_lock(lock)
+    try:
+        with review_module.big_memory_turn(patience=0.5) as cannot:
+            assert cannot == "another review held the GPU's memory for over 0 s"
+        assert "waits for another review's big-memory probe" in capfd.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    with review_module.big_memory_turn(patience=0.5) as cannot:  # a dead holder frees it
+        assert cannot is None
+    free["bytes"] = 30 * 2**30  # another program took the memory since the review began
+    with review_module.big_memory_turn(patience=0.5) as cannot:
+        assert cannot == "needs about 60 GB of free GPU memory; 30 GB free"

@@ -3,12 +3,16 @@ report each flaw as present, fixed or skipped, with evidence and points."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import math
 import os
 import secrets
 import shutil
+import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -29,11 +33,15 @@ from kata.harness.isolation import (
 from kata.toolchain import builders
 
 # The probes that take longest (torch.compile's tracing; on a GPU the stream probe's trials), by
-# measurement: on two cores compile alone takes 1.4 s. Not int32-sizes, which takes 40 GB of GPU
-# memory: first in every review, reviews side by side on one GPU (make test -n 4) ran it at the
-# same moment and ran out of memory (seen on an H100: 28 of 67 adversarial tests failed so).
+# measurement: on two cores compile alone takes 1.4 s. On an H100 machine compile sets the
+# review's length: importing torch._dynamo takes 5 s there and the first compile 4 s more, after
+# torch's own 5 s (preloading the compiler in the runner zygote delayed every probe by those 5 s).
 LONG_PROBES = ("compile", "stream")
 BIG_MEMORY_BYTES = 60 * 2**30  # the int32-sizes inputs live in the judge and the runner
+# Reviews side by side on one GPU (make test -n 4, two terminals) would each take 40 GB at once
+# for int32-sizes and run out of memory (seen on an H100: 13 of 67 adversarial tests failed so):
+# such probes take this machine-wide lock, and look at the free memory again once they hold it.
+BIG_MEMORY_LOCK = Path(tempfile.gettempdir()) / "kata-big-memory.lock"
 
 
 @dataclass(frozen=True)
@@ -59,9 +67,46 @@ class Machine:
         if Need.TWO_GPUS in flaw.needs and self.gpu_count < 2:
             return f"needs two CUDA GPUs; this machine has {self.gpu_count}"
         if Need.BIG_MEMORY in flaw.needs and self.free_gpu_bytes < BIG_MEMORY_BYTES:
-            free = self.free_gpu_bytes / 2**30
-            return f"needs about 60 GB of free GPU memory; {free:.0f} GB free"
+            return _too_little_memory(self.free_gpu_bytes)
         return None
+
+
+def _too_little_memory(free_bytes: int) -> str:
+    return f"needs about 60 GB of free GPU memory; {free_bytes / 2**30:.0f} GB free"
+
+
+@contextlib.contextmanager
+def big_memory_turn(patience: float):
+    """Hold the machine-wide big-memory lock; yields None, or why this probe cannot run now
+    (the lock stayed taken for `patience` seconds, or too little memory is free under it). The
+    kernel releases the lock when its holder dies, so a killed review never blocks the next."""
+    with contextlib.ExitStack() as stack:
+        try:
+            fd = os.open(BIG_MEMORY_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:  # another user's lock file: a read-only descriptor locks as well
+            fd = os.open(BIG_MEMORY_LOCK, os.O_RDONLY)
+        stack.callback(os.close, fd)
+        deadline, said = time.monotonic() + patience, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    yield f"another review held the GPU's memory for over {patience:.0f} s"
+                    return
+                if not said:
+                    print(
+                        "kata: int32-sizes waits for another review's big-memory probe to end",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    said = True
+                time.sleep(0.2)
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(0)
+        yield None if free >= BIG_MEMORY_BYTES else _too_little_memory(free)
 
 
 @dataclass
@@ -289,11 +334,11 @@ def _run(
             return FlawReport(flaw, ProbeResult("present", build_failure))
         return None
 
-    def judge(flaw: Flaw) -> FlawReport:
+    def probe(flaw: Flaw) -> ProbeResult:
         # The wrapper loads its library relative to the working directory; library-path is the
         # deliberate exception and gets a fresh empty one.
         in_place = implementation.kind == "dir" and flaw.probe_id != "library-path"
-        result = run_isolated(
+        return run_isolated(
             flaw.probe_id,
             implementation,
             seed=seed,
@@ -303,6 +348,12 @@ def _run(
             workdir=implementation.path if in_place else None,
             kernel_library=kernel,
         )
+
+    def judge(flaw: Flaw) -> FlawReport:
+        if Need.BIG_MEMORY not in flaw.needs:
+            return FlawReport(flaw, probe(flaw))
+        with big_memory_turn(patience=2 * timeout + 30) as cannot:
+            result = ProbeResult("skipped", cannot) if cannot else probe(flaw)
         return FlawReport(flaw, result)
 
     # Calls come from this thread only (the loop below), so they never overlap.
@@ -319,7 +370,9 @@ def _run(
     # then the long ones (started last, they would end the review alone), then the catalog's.
     rank = {flaw_id: n for n, flaw_id in enumerate([*(first or []), *LONG_PROBES])}
     to_probe.sort(key=lambda index: rank.get(flaws[index].id, len(rank)))  # stable: catalog
-    pool = ThreadPoolExecutor(max_workers=jobs or min(8, max(2, os.cpu_count() or 2)))
+    # One worker per probe where the cores allow: a worker waiting for a slot is pure delay.
+    workers = jobs or max(1, min(len(to_probe), max(2, os.cpu_count() or 2)))
+    pool = ThreadPoolExecutor(max_workers=workers)
     try:
         futures = {pool.submit(judge, flaws[index]): index for index in to_probe}
         for future in as_completed(futures):
