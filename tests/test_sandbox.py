@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kata.harness import sandbox
+from kata.harness import remote, sandbox
 
 WRITE_REFUSED = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT}  # ENOENT: under a new tmpfs
 
@@ -231,6 +232,14 @@ def test_torch_and_torch_compile_work_inside(box, tmp_path):
 
 def test_a_checkout_under_tmp_stays_readable(box, tmp_path):
     """The private /tmp hides the host's: a checkout (or Python) there is bound back, read-only."""
+    under_tmp = Path(tempfile.mkdtemp(prefix="kata-sandbox-test-", dir="/tmp"))  # not TMPDIR
+    try:
+        _checkout_under_tmp(box, under_tmp)
+    finally:
+        shutil.rmtree(under_tmp, ignore_errors=True)
+
+
+def _checkout_under_tmp(box, tmp_path: Path) -> None:
     checkout, work = tmp_path / "checkout", tmp_path / "work"
     (checkout / "kata" / "harness").mkdir(parents=True)
     work.mkdir()
@@ -263,7 +272,9 @@ def test_round_two_build_runs_confined(tmp_path):
         pytest.skip(f"no sandbox on this machine: {box.note}")
     from kata.harness import round2
 
-    home_file = Path.home() / f"kata-sandbox-test-{os.getpid()}"
+    # In this checkout, bound read-only inside wherever it lies (a file in HOME would be hidden
+    # when HOME is under /tmp: "No such file or directory", not a refused write).
+    home_file = Path(sandbox.LAUNCHER).parent / f"kata-sandbox-test-{os.getpid()}"
     wrapper = tmp_path / "attention_wrapper.py"
     wrapper.write_text(
         "import os\n"
@@ -311,3 +322,116 @@ def test_kata_sandbox_off_gives_none(monkeypatch):
     assert off.name == "none" and "KATA_SANDBOX=off" in off.note
     assert off.wrap(["python", "-c", "pass"], writable=[Path("/x")]) == ["python", "-c", "pass"]
     assert off.returncode(139) == 139
+
+
+# The caps (sandbox.caps, TMP_CAP): each shown biting, and named by remote.death, which words a
+# runner's end. Each bounds its own work, so that without a cap it fails instead of filling up.
+
+
+def test_memory_cap_bites(box, tmp_path):
+    cap = sandbox.memory_cap()
+    code = """
+        import ctypes, resource, sys
+        cap = int(sys.argv[1])
+        assert resource.getrlimit(resource.RLIMIT_DATA)[0] == cap, resource.getrlimit(2)
+        bytearray(256 << 20)  # touched: legitimate work still fits
+        malloc = ctypes.CDLL(None).malloc
+        malloc.restype = ctypes.c_void_p
+        assert malloc(ctypes.c_size_t(cap)) is None, "allocated past the cap"  # untouched
+        bytearray(cap)  # MemoryError, before a page is touched
+    """
+    completed = run(box, code, [tmp_path], tmp_path, str(cap))
+    assert completed.returncode == 1 and "MemoryError" in completed.stderr, completed.stderr
+    said = remote.death(completed.returncode, completed.stderr.encode())
+    assert f"memory cap ({cap / 2**30:.0f} GiB a process) was reached" in said, said
+
+
+def test_tmp_cap_bites(box, tmp_path):
+    code = """
+        import errno, os, sys
+        cap = int(sys.argv[1])
+        for directory in ("/dev/shm", "/tmp"):
+            info = os.statvfs(directory)
+            assert info.f_blocks * info.f_frsize == cap, (directory, info)
+            written = 0
+            with open(f"{directory}/filler", "wb") as file:
+                while written <= cap:  # bounded: without the cap this ends the test, no more
+                    try:
+                        written += file.write(bytes(1 << 20))
+                        file.flush()
+                    except OSError as error:
+                        assert error.errno == errno.ENOSPC, error
+                        break
+            assert written <= cap, f"{directory}: wrote {written} bytes"
+            if directory == "/tmp":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            os.unlink(f"{directory}/filler")
+    """
+    completed = run(box, code, [tmp_path], tmp_path, str(sandbox.TMP_CAP))
+    assert completed.returncode == 1 and "[Errno 28]" in completed.stderr, completed.stderr
+    said = remote.death(completed.returncode, completed.stderr.encode())
+    assert "the private /tmp's 1 GiB (or the disk's space) was reached" in said, said
+
+
+def test_file_size_cap_bites(box, tmp_path):
+    code = """
+        import errno, resource, subprocess, sys
+        cap = int(sys.argv[1])
+        assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == cap
+        with open("sparse", "wb", buffering=0) as file:  # sparse: no disk space taken
+            file.seek(cap - 1)
+            file.write(b"x")  # up to the cap: allowed
+            try:
+                file.write(b"y")
+                raise AssertionError("wrote past the cap")
+            except OSError as error:  # Python ignores SIGXFSZ: EFBIG
+                assert error.errno == errno.EFBIG, error
+        # A program that does not ignore it dies of SIGXFSZ
+        dd = ["dd", "if=/dev/zero", "of=sparse", "bs=1", "count=2", f"seek={cap - 1}"]
+        sys.exit(-subprocess.run(dd, stderr=subprocess.DEVNULL).returncode)
+    """
+    completed = run(box, code, [tmp_path], tmp_path, str(sandbox.FILE_CAP))
+    assert completed.returncode == signal.SIGXFSZ, completed.stderr
+    said = remote.death(-signal.SIGXFSZ, b"")
+    assert said == "process died with SIGXFSZ; the sandbox's file-size cap (2 GiB) was reached"
+
+
+def test_process_cap_bites(box, tmp_path):
+    if os.getuid() == 0:
+        pytest.skip("RLIMIT_NPROC never binds root (the sandbox's note says so)")
+    code = """
+        import os, resource, signal, sys, time
+        cap = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        assert cap != resource.RLIM_INFINITY
+        children = []
+        try:
+            while len(children) < int(sys.argv[1]):  # bounded without the cap too
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                children.append(pid)
+        finally:
+            for pid in children:
+                os.kill(pid, signal.SIGKILL)
+        """
+    bound = str(sandbox.caps()[resource.RLIMIT_NPROC] + 64)
+    completed = run(box, code, [tmp_path], tmp_path, bound)
+    assert completed.returncode == 1 and "BlockingIOError" in completed.stderr, completed.stderr
+    said = remote.death(completed.returncode, completed.stderr.encode())
+    assert "the sandbox's process cap was reached" in said, said
+
+
+def test_death_names_no_cap_for_other_errors():
+    said = remote.death(
+        1, b"Traceback\nBlockingIOError: [Errno 11] Resource temporarily unavailable"
+    )
+    assert said.endswith("Resource temporarily unavailable"), said  # a socket's, not a fork's
+    assert remote.death(-signal.SIGSEGV, b"") == "process died with SIGSEGV"
+
+
+def test_note_names_the_caps():
+    note = sandbox.NAMESPACES.note
+    assert f"memory {sandbox.memory_cap() / 2**30:.0f} GiB a process" in note, note
+    assert "/tmp and /dev/shm 1 GiB" in note and "files 2 GiB" in note, note
+    assert ("processes not capped" if os.getuid() == 0 else "more processes") in note, note

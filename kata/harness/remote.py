@@ -244,7 +244,30 @@ def _own_lines(stderr: bytes) -> list[str]:
 
 
 def death(returncode: int, stderr: bytes) -> str:
-    """Say how a probe's process ended without a verdict: a signal, or its last error line."""
+    """Say how a probe's process ended without a verdict: a signal, or its last error line; and
+    the sandbox's cap it ran into, where its end or its error shows one (sandbox.py)."""
+    from kata.harness import sandbox
+
+    own = [line.strip() for line in _own_lines(stderr) if line.strip()]
+    told = "\n".join(own)
+    caps = [
+        (("MemoryError", "can't allocate memory", "Cannot allocate memory"), "memory"),
+        (("No space left on device",), "tmp"),
+        (("File too large",), "file"),  # EFBIG: Python ignores SIGXFSZ
+        (("can't start new thread",), "processes"),
+    ]
+    if "Resource temporarily unavailable" in told and re.search(r"fork|spawn|Popen|thread", told):
+        caps.append((("Resource temporarily unavailable",), "processes"))  # EAGAIN
+    reached = next((cap for words, cap in caps if any(word in told for word in words)), None)
+    if returncode == -signal.SIGXFSZ:
+        reached = "file"
+    cap = {
+        "memory": f"the sandbox's memory cap ({sandbox.memory_cap() / 2**30:.0f} GiB a process)",
+        "tmp": f"the private /tmp's {sandbox.TMP_CAP / 2**30:.0f} GiB (or the disk's space)",
+        "file": f"the sandbox's file-size cap ({sandbox.FILE_CAP / 2**30:.0f} GiB)",
+        "processes": "the sandbox's process cap",
+    }.get(reached)
+    reached = f"; {cap} was reached" if cap else ""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -254,10 +277,9 @@ def death(returncode: int, stderr: bytes) -> str:
         # What the C library said before faulthandler's report, e.g. "free(): invalid pointer".
         end = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python")), 0)
         said = [line.strip() for line in lines[:end] if line.strip()]
-        return f"process died with {name}" + (f" ({said[-1][:160]})" if said else "")
+        return f"process died with {name}" + (f" ({said[-1][:160]})" if said else "") + reached
     if returncode == 0:
         return "the process exited (code 0) before the probe's verdict: the implementation ended it"
-    lines = [line.strip() for line in _own_lines(stderr) if line.strip()]
-    interesting = [line for line in lines if not line.startswith(("File ", "Traceback", "^"))]
+    interesting = [line for line in own if not line.startswith(("File ", "Traceback", "^"))]
     last = interesting[-1] if interesting else "no output"
-    return f"process exited with code {returncode}: {last[:240]}"
+    return f"process exited with code {returncode}: {last[:240]}{reached}"

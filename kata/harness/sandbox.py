@@ -18,6 +18,8 @@ detect() picks the first strategy that works here, by trying it:
    builds the view (a fresh /proc where the host allows one) and runs ARGV as pid 2. Killing
    the launcher's process group kills all three; when init ends, the kernel ends the rest.
 3. none: the command runs as given, and the note says so.
+Both confining strategies cap what the code may take (caps(), TMP_CAP): each process's memory,
+the private tmpfs mounts' size, a file's size and the number of processes; the note names them.
 KATA_SANDBOX=off forces none; =bwrap or =unshare tries that strategy only.
 """
 
@@ -41,6 +43,13 @@ GPU_DEVICES = ("nvidia", "dri", "kfd")  # name prefixes: NVIDIA (nvidia-caps/ to
 CACHE_ENV = {"TRITON_CACHE_DIR": "/tmp/.triton/cache"}
 NO_SUID_DEV_EXEC = MS_NOSUID | MS_NODEV | MS_NOEXEC  # may be locked on; adding them is allowed
 FAILED = 125  # the launcher's exit status when it could not build the sandbox
+# Caps on what the code inside may take (see caps()): rlimits, inherited by all it starts, and
+# the private tmpfs mounts' size. Generous for the probes; small enough to leave the host alive.
+GiB = 2**30
+MEMORY_CAP_FLOOR = 16 * GiB  # the shipped wrapper's int32-sizes call puts 8.6 GB on the host
+TMP_CAP = 1 * GiB  # each private tmpfs (/tmp, /dev/shm, /run): torch.compile's caches take MBs
+FILE_CAP = 2 * GiB  # the largest file a process may write (RLIMIT_FSIZE): SIGXFSZ past it
+PROCESS_HEADROOM = 2048  # tasks over the user's own (threads count: torch starts one per core)
 
 
 def proc_covers() -> list[str]:
@@ -65,6 +74,14 @@ def _launch(args: list[str]) -> None:
     directory or PYTHONPATH from being imported before the confinement exists (and start it in
     a few ms): only the standard library's os, sys and ctypes run here."""
     split = args.index("--")  # before it: --writable DIR or --readable DIR, repeated
+    if args[1:split] == ["--caps"]:  # bubblewrap's: the rlimits alone, inherited through bwrap
+        argv = args[split + 1 :]
+        try:
+            set_caps(caps())
+            os.execvp(argv[0], argv)
+        except OSError as error:
+            os.write(2, f"kata sandbox: {error.filename or argv[0]}: {error.strerror}\n".encode())
+            os._exit(FAILED)
     binds = sorted(zip(args[2:split:2], args[1:split:2], strict=True))  # parents first
     argv = args[split + 1 :]
     try:
@@ -102,6 +119,7 @@ def confine(binds: list[tuple[str, str]]) -> None:
 
     try:
         cwd, uid, gid = os.getcwd(), os.getuid(), os.getgid()
+        limits = caps()  # before unshare: the host's processes still in view
         check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID), "unshare")
         maps = {"setgroups": "deny", "uid_map": f"{uid} {uid} 1", "gid_map": f"{gid} {gid} 1"}
         for name, text in maps.items():  # the same ids inside, mapped to ours
@@ -132,7 +150,8 @@ def confine(binds: list[tuple[str, str]]) -> None:
         for path in ("/tmp", "/run", "/dev"):
             if os.path.isdir(path) and not os.path.islink(path):
                 mode = "1777" if path == "/tmp" else "755"
-                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}")
+                size = "" if path == "/dev" else f",size={TMP_CAP}"  # /dev: read-only below
+                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}{size}")
         for path in devices:
             if os.path.isdir(f"/proc/self/fd/{handles[path]}"):
                 os.mkdir(path)
@@ -144,7 +163,7 @@ def confine(binds: list[tuple[str, str]]) -> None:
         for name, target in DEV_LINKS.items():
             os.symlink(f"/proc/self/fd{target}", f"/dev/{name}")
         os.mkdir("/dev/shm")
-        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={TMP_CAP}")
         mount(None, "/dev", flags=MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         for path, option in binds:
             os.makedirs(path, exist_ok=True)  # in a fresh tmpfs when it was under one
@@ -175,6 +194,7 @@ def confine(binds: list[tuple[str, str]]) -> None:
         number = SYS_CAPSET.get(os.uname().machine, -1)  # -1: ENOSYS, the sandbox refused
         check(libc.syscall(number, header, no_capabilities), "capset")
         os.environ.update(CACHE_ENV)
+        set_caps(limits)
         # The command runs as pid 2, not as init: signals it sends itself (abort, say) act as
         # usual.
         command = os.fork()
@@ -185,6 +205,52 @@ def confine(binds: list[tuple[str, str]]) -> None:
     except OSError as error:
         os.write(2, f"kata sandbox: {error.filename or 'confine'}: {error.strerror}\n".encode())
         os._exit(FAILED)
+
+
+def caps() -> dict[int, int]:
+    """The rlimits the confined code runs under, by resource number. RLIMIT_AS is no use: CUDA
+    reserves address ranges far larger than any host's memory. RLIMIT_DATA counts, since Linux
+    4.7, only writable private mappings: the reserved ranges (PROT_NONE) and the driver's mapped
+    device memory (shared) are not counted. Verified here on CPU only; to be verified on a GPU
+    machine (CUDA initialised, the int32-sizes probe). RLIMIT_NPROC counts every task of the real
+    user on the machine (in its user namespace on Linux 5.14+), and never binds root."""
+    import resource
+
+    return {
+        resource.RLIMIT_DATA: memory_cap(),
+        resource.RLIMIT_FSIZE: FILE_CAP,
+        resource.RLIMIT_NPROC: _tasks_of(os.getuid()) + PROCESS_HEADROOM,
+    }
+
+
+def memory_cap() -> int:
+    """Half the host's memory, at least MEMORY_CAP_FLOOR."""
+    with open("/proc/meminfo") as file:
+        total = next(int(line.split()[1]) * 1024 for line in file if line.startswith("MemTotal:"))
+    return max(MEMORY_CAP_FLOOR, total // 2)
+
+
+def _tasks_of(uid: int) -> int:
+    """How many tasks (threads included, as RLIMIT_NPROC counts them) `uid` runs now."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as file:
+                fields = dict(line.split(b":", 1) for line in file if b":" in line)
+            count += int(fields[b"Threads"]) if int(fields[b"Uid"].split()[0]) == uid else 0
+        except (OSError, KeyError, ValueError):
+            continue  # not a process, or it ended
+    return count
+
+
+def set_caps(limits: dict[int, int]) -> None:
+    """Lower each soft and hard limit to `limits` (never raise one already lower)."""
+    import resource
+
+    for number, value in limits.items():
+        soft, hard = resource.getrlimit(number)
+        value = min([value, *(v for v in (soft, hard) if v != resource.RLIM_INFINITY)])
+        resource.setrlimit(number, (value, value))
 
 
 def _reap_until(command: int, status_write: int) -> None:
@@ -256,8 +322,8 @@ from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 NOTE = (
-    "no network; writes only to the judged directory and a private /tmp; no other process in reach "
-    "({how})"
+    "no network; writes only to the judged directory and a private /tmp; no other process in "
+    "reach; caps: {caps} ({how})"
 )
 RIGHTS = "the candidate's code ran with your rights"
 
@@ -265,7 +331,24 @@ RIGHTS = "the candidate's code ran with your rights"
 @dataclass(frozen=True)
 class Sandbox:
     name: str  # "bubblewrap", "user namespaces" or "none"
-    note: str  # one line for the scorecard's "sandbox" row
+    why_none: str = ""  # for "none": the scorecard's line
+
+    @property
+    def note(self) -> str:
+        """One line for the scorecard's "sandbox" row, naming the caps applied and those not."""
+        if self.name == "none":
+            return self.why_none
+        said = [f"memory {memory_cap() / GiB:.0f} GiB a process"]
+        if self.name == "bubblewrap" and not _bwrap_sizes():
+            said.append("/tmp not capped (this bwrap has no --size)")
+        else:
+            said.append(f"/tmp and /dev/shm {TMP_CAP / GiB:.0f} GiB")
+        said.append(f"files {FILE_CAP / GiB:.0f} GiB")
+        if os.getuid() == 0:
+            said.append("processes not capped (RLIMIT_NPROC never binds root)")
+        else:
+            said.append(f"{PROCESS_HEADROOM} more processes")
+        return NOTE.format(caps=", ".join(said), how=self.name)
 
     def wrap(self, argv: list[str], *, writable: list[Path]) -> list[str]:
         """The command to run instead of `argv`: the same program, confined, with the existing
@@ -273,7 +356,8 @@ class Sandbox:
         would give it for `argv`."""
         options = [item for path, option in self.binds(writable) for item in (option, path)]
         if self.name == "bubblewrap":
-            return [*_bwrap_options(options), "--", *argv]
+            caps_first = [sys.executable, "-I", "-S", LAUNCHER, "--caps", "--"]
+            return [*caps_first, *_bwrap_options(options), "--", *argv]
         if self.name == "user namespaces":
             return [sys.executable, "-I", "-S", LAUNCHER, *options, "--", *argv]
         return list(argv)
@@ -303,16 +387,29 @@ def _python_paths() -> list[str]:
     return [path for path in hidden if not any(path.startswith(f"{p}/") for p in hidden)]
 
 
+@functools.cache
+def _bwrap_sizes() -> bool:
+    """Whether this bwrap caps a tmpfs's size (--size: bubblewrap 0.5.0 and later)."""
+    import subprocess
+
+    try:
+        said = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--size" in said.stdout + said.stderr
+
+
 def _bwrap_options(binds: list[str]) -> list[str]:
-    options = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+    tmpfs = ["--size", str(TMP_CAP), "--tmpfs"] if _bwrap_sizes() else ["--tmpfs"]
+    options = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", *tmpfs, "/dev/shm"]
     for path in gpu_devices():
         options += ["--dev-bind", path, path]
     options += ["--proc", "/proc"]
     for path in proc_covers():  # the host's: these hold no process's entries
         options += ["--ro-bind", path, path]
-    options += ["--tmpfs", "/tmp"]
+    options += [*tmpfs, "/tmp"]
     if os.path.isdir("/run") and not os.path.islink("/run"):
-        options += ["--tmpfs", "/run"]
+        options += [*tmpfs, "/run"]
     # After the tmpfs mounts: bwrap binds from the host's paths.
     for option, path in zip(binds[::2], binds[1::2], strict=True):
         options += ["--bind" if option == "--writable" else "--ro-bind", path, path]
@@ -321,8 +418,8 @@ def _bwrap_options(binds: list[str]) -> list[str]:
     return [*options, "--unshare-net", "--unshare-pid", "--die-with-parent", "--cap-drop", "ALL"]
 
 
-BUBBLEWRAP = Sandbox("bubblewrap", NOTE.format(how="bubblewrap"))
-NAMESPACES = Sandbox("user namespaces", NOTE.format(how="user namespaces"))
+BUBBLEWRAP = Sandbox("bubblewrap")
+NAMESPACES = Sandbox("user namespaces")
 
 # Run inside a trial sandbox: its working directory is writable, / is read-only, the network
 # namespace is not ours, no capability is left.
