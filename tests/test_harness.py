@@ -102,18 +102,27 @@ def test_an_answer_is_raw_bytes_never_an_archive_to_inflate(tmp_path):
     remote.close()
 
 
-def test_failures_found_before_a_crash_stay_in_the_evidence(candidate):
-    """A wrong first answer, then a segfault: the evidence keeps both."""
+def test_a_crash_fails_its_own_case_and_the_next_runs_fresh(candidate):
+    """A segfault on the sliced key's case, loud refusals of a strided query and value: the crash
+    is that case's failure, the value's case still runs (in a fresh runner) and the rubric's
+    credit follows, partial. The probe used to end at the crash: present."""
     source = (
-        "import ctypes\n\ncalls = 0\n\n\ndef fast_attention(q, k, v):\n"
-        "    global calls\n    calls += 1\n    if calls > 1:\n        ctypes.string_at(0)\n"
-        "    return q.clone()\n"
+        "import ctypes\n\nimport torch\n\n_lib = ctypes.CDLL('./custom_attention.so')\n\n\n"
+        "def fast_attention(q, k, v):\n"
+        "    if not k.is_contiguous():\n        ctypes.string_at(0)\n"
+        "    for name, t in (('query', q), ('value', v)):\n"
+        "        if not t.is_contiguous():\n"
+        "            raise ValueError(f'{name} must be contiguous')\n"
+        "    out = torch.empty_like(q)\n"
+        "    pointers = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, out)]\n"
+        "    _lib.launch_attention_kernel(*pointers, q.shape[0], q.shape[1])\n"
+        "    return out\n"
     )
     review = run_review(candidate(source), only=["contiguity"])
     [(status, evidence)] = statuses(review).values()
-    assert status == "present"
-    assert evidence.startswith("transposed query: wrong result")
-    assert evidence.endswith("process died with SIGSEGV during case 'sliced key'")
+    assert status == "partial", evidence
+    assert evidence.startswith("key unchecked (query and value handled in every case)"), evidence
+    assert "sliced key: process died with SIGSEGV" in evidence, evidence
 
 
 def test_hanging_candidate_is_present_with_the_time_limit(candidate):
@@ -245,8 +254,11 @@ def test_refusing_everything_is_not_loud(candidate):
     review = run_review(impl, only=input_probes)
     for flaw_id, (status, evidence) in statuses(review).items():
         assert status == "present", (flaw_id, evidence)
-        # Every case was loud: the control alone decides, and says why.
-        assert evidence.startswith("a valid float32 (2, 64, 64) call raised ValueError"), evidence
+        # Every case was loud, but so was every valid call: the checked call after the first
+        # case (or, with none drawn, the control) decides, and says why.
+        assert re.match(r"a (checked|valid) .*float32.* call.* raised ValueError", evidence), (
+            evidence
+        )
 
 
 def test_a_message_that_names_nothing_is_not_loud(candidate):
@@ -583,3 +595,59 @@ def test_big_memory_probes_take_turns(tmp_path, monkeypatch, capfd):
     free["bytes"] = 30 * 2**30  # another program took the memory since the review began
     with review_module.big_memory_turn(patience=0.5) as cannot:
         assert cannot == "needs about 60 GB of free GPU memory; 30 GB free"
+
+
+GUARD_CHECK = """
+import ctypes, importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("runner", sys.argv[1])
+runner = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runner)
+device = torch.device(sys.argv[2])
+host = torch.randn(1000)
+placed = runner.InputGuards().place(host, device)
+assert torch.equal(placed.cpu(), host)
+print("inside", placed.sum().item(), flush=True)
+nbytes = host.numel() * 4 + 16384  # 16 KiB past its end, as a kernel would read it
+if device.type == "cpu":
+    print("past", len(ctypes.string_at(placed.data_ptr(), nbytes)), flush=True)
+else:
+    past = torch.as_tensor(runner._CudaArray(placed.data_ptr(), nbytes), device=device)
+    print("past", past.sum().item(), flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.cuda,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+            ],
+        ),
+    ],
+)
+def test_a_read_past_a_guarded_input_faults(device):
+    """runner.InputGuards: an input of a probe's case ends where its mapping ends, so a kernel
+    that reads past it faults, where an allocator would hand it a neighbour's bytes."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            GUARD_CHECK,
+            str(REPO_ROOT / "kata" / "harness" / "runner.py"),
+            device,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "inside" in done.stdout and "past" not in done.stdout, done.stdout + done.stderr
+    if device == "cpu":
+        assert done.returncode == -signal.SIGSEGV, done.stderr
+    else:
+        assert "illegal memory access" in done.stderr or "illegal address" in done.stderr, (
+            done.stderr
+        )

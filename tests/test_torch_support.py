@@ -126,3 +126,21 @@ def test_kata_refuses_an_older_torch_in_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == [f"kata: {torch_support.problem('1.13.1')}"], (
         result.stderr
     )
+
+
+def test_torch_cuda_sleep_keeps_the_device_busy_as_host_alloc_expects():
+    """The host-alloc probe (runner._waits_for_the_device) holds the device with the private
+    torch.cuda._sleep(cycles): it must exist on every supported torch, and on a GPU keep the
+    current stream busy while the host goes on."""
+    import inspect
+
+    assert list(inspect.signature(torch.cuda._sleep).parameters) == ["cycles"]
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.synchronize()
+    busy = torch.cuda.Event()
+    torch.cuda._sleep(1_000_000_000)
+    busy.record()
+    assert not busy.query(), "the device finished half a second of spinning at once"
+    torch.cuda.synchronize()
+    assert busy.query()

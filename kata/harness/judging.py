@@ -7,10 +7,18 @@ offending value or the expected one (`Case.mentions`). Two more rules keep the v
 on inputs the vendor kernel supports, the answer must be the kernel's (kernel_check), and the
 validation probes try query, key and value each on its own (`Case.args`), so a fix that covers
 only some of them is "partial".
+
+Two more keep a wrapper from telling the judge's calls apart. Checked calls: supported float32
+calls whose answers must be right and the kernel's, a few before a probe's first call in each
+process and after every case, how many and how large drawn from the seed (--seed replays them),
+so that a wrapper that counts its calls, times them or caches answers meets one where it changes
+behaviour. Fresh runners: a case that kills the runner (or leaves its CUDA context poisoned)
+fails alone, with the arguments it isolates, and the next case runs in a fresh runner.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,12 +34,17 @@ from kata.harness.remote import (
     NotATensor,
     Remote,
     RemoteError,
+    RunnerStopped,
     materialize,
     pack_all,
 )
 
 ARGUMENTS = ("query", "key", "value")
 CANDIDATE_MODULE = "candidate_attention_wrapper"
+CHECKED_BEFORE = (0, 3)  # checked calls before a process's first probe call: at least, at most
+CHECKED_AFTER = (1, 3)  # after every case that did not fail
+CHECKED_LENGTHS = (1, 160)  # their sequence lengths (batch 1 to 3, head dim 64)
+FRESH_RUNNERS = 12  # runners a probe may start after crashes before it stops
 
 
 @dataclass
@@ -54,13 +67,20 @@ class ProbeContext:
     report_failure: Callable[[str], None] = lambda text: None
     planted_library: Path | None = None
     kernel: VendorKernel | None = None
+    broken: list[str] = field(default_factory=list)  # checked calls that failed outside a case
     _loaded: set = field(default_factory=set, repr=False)
+    _fresh_runners: int = 0
 
     def __post_init__(self):
         self.generator = torch.Generator().manual_seed(self.seed)
+        # The checked calls: where they fall, their sizes and their data, apart from the cases'
+        # inputs (a seed gives the same cases whatever the checked calls did).
+        self.schedule = random.Random(self.seed)
+        self.checked_data = torch.Generator().manual_seed(self.seed + 1)
 
     def load(self, module: str = CANDIDATE_MODULE, chdir: Path | None = None) -> None:
-        """Import the implementation in its process (once per module name)."""
+        """Import the implementation in its process (once per module name and process); the
+        wrapper's first import in a process is followed by a few checked calls."""
         if module in self._loaded:
             return
         request = {"op": "load", "module": module, "chdir": str(chdir) if chdir else None}
@@ -68,6 +88,46 @@ class ProbeContext:
         if "import_error" in reply:
             raise ImplementationImportError(reply["import_error"])
         self._loaded.add(module)
+        count = self.schedule.randint(*CHECKED_BEFORE)
+        if failure := self.checked_calls(count, "before the probe's own", module):
+            self.broken.append(failure)
+            self.report_failure(failure)
+
+    def checked_after(self, name: str, module: str = CANDIDATE_MODULE) -> str | None:
+        """The checked calls that follow a probe's call `name`: None, or the first failure."""
+        return self.checked_calls(self.schedule.randint(*CHECKED_AFTER), f"after '{name}'", module)
+
+    def checked_calls(self, count: int, when: str, module: str = CANDIDATE_MODULE) -> str | None:
+        """`count` supported calls on fresh data: None when every answer is right (and the
+        vendor kernel's, for a candidate's wrapper), else the first failure."""
+        for _ in range(count):
+            batch, length = self.schedule.randint(1, 3), self.schedule.randint(*CHECKED_LENGTHS)
+            name = f"a checked ({batch}, {length}, 64) float32 call {when}"
+            self.report_case(name)
+            inputs = tuple(
+                t.to(self.device)
+                for t in reference.random_inputs(batch, length, 64, generator=self.checked_data)
+            )
+            answer = self.call(inputs, module=module)
+            if answer.cuda_failed:
+                return f"{name}: CUDA failed after the call returned: {answer.cuda_failed}"
+            if answer.error is not None:
+                return f"{name} raised {first_line(answer.error)}: valid input must be computed"
+            if failure := overwritten(name, answer) or wrong_answer(
+                self, name, answer.result, inputs
+            ):
+                return failure
+        return None
+
+    def fresh_runner(self, why: str) -> None:
+        """End the runner (dead, or with a poisoned CUDA context): the next call starts a fresh
+        one. Past FRESH_RUNNERS of them, the probe stops with `why`."""
+        self._fresh_runners += 1
+        if self._fresh_runners > FRESH_RUNNERS:
+            raise RunnerStopped(f"{why} (and {FRESH_RUNNERS} fresh runners before it)")
+        self.remote.close()
+        self.remote.process = None  # Remote.request starts the next one
+        self._loaded.clear()
 
     def call(self, inputs, *, module: str = CANDIDATE_MODULE, op="call", **options) -> Answer:
         """One call of the implementation on `inputs`; what it returned or raised."""
@@ -197,8 +257,18 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def judge(ctx: ProbeContext, case: Case) -> Outcome:
-    """Call the implementation on one case and judge what it did."""
+    """Call the implementation on one case and judge what it did, then make the checked calls
+    that follow every case. A crash, or a checked call that fails after the case, is the case's
+    failure: what broke the process came from its inputs."""
     failure, note = _judge(ctx, case)
+    if failure is None:
+        try:
+            failure = ctx.checked_after(case.name)
+        except RunnerStopped as stop:
+            ctx.fresh_runner(str(stop))
+            failure = f"a checked call after '{case.name}': {stop}"
+        if failure is not None:
+            note = ""
     if failure:
         ctx.report_failure(failure)
     return Outcome(case.name, failure, note, case.args)
@@ -207,8 +277,15 @@ def judge(ctx: ProbeContext, case: Case) -> Outcome:
 def _judge(ctx, case: Case):
     name = case.name
     ctx.report_case(name)
-    answer = ctx.call(case.inputs)
+    try:
+        # Each input ends where its mapping ends: a launch that reads past it faults
+        # (runner.InputGuards), even when the wrapper raises a clear error afterwards.
+        answer = ctx.call(case.inputs, guarded=True)
+    except RunnerStopped as stop:  # the case's failure; the next case gets a fresh runner
+        ctx.fresh_runner(str(stop))
+        return f"{name}: {stop}", ""
     if answer.cuda_failed:
+        ctx.fresh_runner(answer.cuda_failed)  # a poisoned context would fail every later case
         return f"{name}: CUDA failed after the call returned: {answer.cuda_failed}", ""
     if failure := overwritten(name, answer):
         return failure, ""
@@ -288,7 +365,8 @@ def verdict(
     key and value, and a fix that covers some of them but not all earns "partial"."""
     failures = [o.failure for o in outcomes if o.failure]
     tried = f" [{len(failures)}/{len(outcomes)} cases]" if failures else ""
-    broken = [control] if control else []  # failures no coverage of arguments can excuse
+    # Failures no coverage of arguments can excuse: the control, checked calls outside cases.
+    broken = [*ctx.broken, control] if control else list(ctx.broken)
     if poisoned := poisoned_context(ctx):
         broken.append(poisoned)
     if not failures and not broken:

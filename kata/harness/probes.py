@@ -306,8 +306,10 @@ def probe_library_path(ctx: ProbeContext) -> Verdict:
             )
         else:
             name = "call from elsewhere"
-            if failure := overwritten(name, answer) or wrong_answer(
-                ctx, name, answer.result, inputs
+            if failure := (
+                overwritten(name, answer)
+                or wrong_answer(ctx, name, answer.result, inputs)
+                or ctx.checked_after(name, module="wrapper_imported_elsewhere")
             ):
                 failures.append(failure)
     except ImplementationImportError as error:
@@ -365,6 +367,12 @@ def probe_host_alloc(ctx: ProbeContext) -> Verdict:
         findings.append(failure)
     if reply["sync_debug"]:
         findings.append(f"a host synchronisation in every call ({reply['sync_debug']})")
+    if reply.get("waited") and not findings:
+        findings.append(
+            "the call returned only after the device had finished work queued before it "
+            "(torch.cuda._sleep): it waits for the device (a synchronize, a blocking copy or an "
+            "event polled in a loop)"
+        )
     if answer.cuda_failed:
         findings.append(answer.cuda_failed)
     for finding in findings:

@@ -19,6 +19,7 @@ import ctypes
 import importlib.util
 import io
 import json
+import mmap
 import os
 import struct
 import sys
@@ -54,19 +55,166 @@ def _write(stream, header: dict, tensors: dict | None = None) -> None:
     stream.flush()
 
 
-def unpack(spec: dict, tensors: dict, name: str) -> torch.Tensor:
+def unpack(spec: dict, tensors: dict, name: str, guards=None) -> torch.Tensor:
     """A tensor the judge sent: its storage, then a view with the sender's sizes and strides on
-    the sender's device (a transposed or expanded view stays one)."""
+    the sender's device (a transposed or expanded view stays one). With `guards` (InputGuards),
+    the storage ends where its mapping ends."""
     if spec["device"] == "meta":
         dtype = getattr(torch, spec["dtype"])
         return torch.empty_strided(spec["size"], spec["stride"], dtype=dtype, device="meta")
-    base = tensors[name].to(spec["device"])
+    if guards is not None:
+        base = guards.place(tensors[name], torch.device(spec["device"]))
+    else:
+        base = tensors[name].to(spec["device"])
     return base.as_strided(spec["size"], spec["stride"], spec["offset"])
 
 
-def unpack_all(specs: list[dict], tensors: dict, prefix: str) -> list[torch.Tensor]:
+def unpack_all(specs: list[dict], tensors: dict, prefix: str, guards=None) -> list[torch.Tensor]:
     """The tensors the judge packed as prefix0, prefix1, ... (remote.pack_all)."""
-    return [unpack(spec, tensors, f"{prefix}{i}") for i, spec in enumerate(specs)]
+    return [unpack(spec, tensors, f"{prefix}{i}", guards) for i, spec in enumerate(specs)]
+
+
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _AllocationProp(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("handle_types", ctypes.c_int),
+        ("location", _Location),
+        ("win32_metadata", ctypes.c_void_p),
+        ("flags", ctypes.c_ubyte * 8),
+    ]
+
+
+class _AccessDesc(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
+
+
+class _CudaArray:
+    """A device address torch.as_tensor can wrap (the CUDA array interface, public)."""
+
+    def __init__(self, address: int, nbytes: int):
+        self.__cuda_array_interface__ = {
+            "data": (address, False),
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "version": 2,
+        }
+
+
+class InputGuards:
+    """Probe inputs placed at the very end of a mapping of their own, with unmapped memory after
+    it: a kernel that reads past an input faults (SIGSEGV on the host, an illegal address on a
+    GPU), where in the allocators' blocks it would read a neighbour's bytes and go unseen, and a
+    wrapper that checks its inputs only after the launch would pass. Host: an anonymous mapping
+    with its last page made inaccessible. GPU: CUDA's virtual memory management, through the
+    driver API. Where either is refused, plain tensors."""
+
+    PINNED, ON_DEVICE, READ_WRITE = 1, 1, 3  # CUDA's enum values
+
+    def __init__(self):
+        self.mappings = []  # device: (address, reserved bytes, handle, mapped bytes)
+
+    def place(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        nbytes = host.numel() * host.element_size()
+        if nbytes == 0:
+            return host.to(device)
+        try:
+            if device.type == "cpu":
+                return self._place_on_host(host, nbytes)
+            if device.type == "cuda":
+                return self._place_on_device(host, device, nbytes)
+        except (OSError, AttributeError, RuntimeError, ValueError, BufferError):
+            pass
+        return host.to(device)
+
+    @staticmethod
+    def _place_on_host(host, nbytes):
+        page = mmap.PAGESIZE
+        mapped = -(-nbytes // page) * page
+        region = mmap.mmap(-1, mapped + page)
+        anchor = ctypes.c_char.from_buffer(region)
+        address = ctypes.addressof(anchor)
+        del anchor  # the tensor below keeps the mapping alive, as long as it lives
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        if libc.mprotect(address + mapped, page, 0) != 0:  # PROT_NONE
+            raise OSError(ctypes.get_errno(), "mprotect")
+        offset = mapped - (-(-nbytes // 16) * 16)  # 16-byte aligned, ending at the guard page
+        raw = torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=offset)
+        placed = raw.view(host.dtype).view(host.shape)
+        placed.copy_(host)
+        return placed
+
+    def _place_on_device(self, host, device, nbytes):
+        cuda = ctypes.CDLL("libcuda.so.1")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.empty(0, device=device)  # the context, current in this thread
+        location = _Location(self.ON_DEVICE, index)
+        prop = _AllocationProp(self.PINNED, 0, location)
+        granule = ctypes.c_size_t()
+        _driver(cuda.cuMemGetAllocationGranularity(ctypes.byref(granule), ctypes.byref(prop), 0))
+        step = granule.value
+        mapped = -(-nbytes // step) * step
+        handle, address = ctypes.c_ulonglong(), ctypes.c_ulonglong()
+        _driver(
+            cuda.cuMemCreate(
+                ctypes.byref(handle),
+                ctypes.c_size_t(mapped),
+                ctypes.byref(prop),
+                ctypes.c_ulonglong(0),
+            )
+        )
+        reserved = mapped + step  # the granule after the mapping stays unmapped
+        if cuda.cuMemAddressReserve(
+            ctypes.byref(address),
+            ctypes.c_size_t(reserved),
+            ctypes.c_size_t(0),
+            ctypes.c_ulonglong(0),
+            ctypes.c_ulonglong(0),
+        ):
+            cuda.cuMemRelease(handle)
+            raise RuntimeError("cuMemAddressReserve failed")
+        self.mappings.append((address.value, reserved, handle.value, 0))
+        _driver(
+            cuda.cuMemMap(
+                address, ctypes.c_size_t(mapped), ctypes.c_size_t(0), handle, ctypes.c_ulonglong(0)
+            )
+        )
+        self.mappings[-1] = (address.value, reserved, handle.value, mapped)
+        access = _AccessDesc(location, self.READ_WRITE)
+        _driver(
+            cuda.cuMemSetAccess(
+                address, ctypes.c_size_t(mapped), ctypes.byref(access), ctypes.c_size_t(1)
+            )
+        )
+        start = address.value + mapped - (-(-nbytes // 16) * 16)  # 16-byte aligned, at the end
+        raw = torch.as_tensor(_CudaArray(start, nbytes), device=device)
+        placed = raw.view(host.dtype).view(host.shape)
+        placed.copy_(host)
+        return placed
+
+    def release(self) -> None:
+        """Unmap every device input (after the call's work is done; a poisoned context may
+        refuse). Host inputs go with the last tensor that uses them."""
+        if not self.mappings:
+            return
+        cuda = ctypes.CDLL("libcuda.so.1")
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+        for address, reserved, handle, mapped in self.mappings:
+            if mapped:
+                cuda.cuMemUnmap(ctypes.c_ulonglong(address), ctypes.c_size_t(mapped))
+            cuda.cuMemAddressFree(ctypes.c_ulonglong(address), ctypes.c_size_t(reserved))
+            cuda.cuMemRelease(ctypes.c_ulonglong(handle))
+        self.mappings.clear()
+
+
+def _driver(status: int) -> None:
+    if status != 0:
+        raise RuntimeError(f"CUDA driver error {status}")
 
 
 def pack_result(result, tensors: dict, name: str) -> dict:
@@ -139,7 +287,16 @@ class Runner:
     def op_call(self, request, tensors):
         """One call; the output, or what it raised, and whether CUDA failed after it."""
         fast_attention = self.load(request.get("module", "candidate_attention_wrapper"))
-        inputs = unpack_all(request["inputs"], tensors, "in")
+        guards = InputGuards() if request.get("guarded") else None
+        try:
+            return self._call(
+                fast_attention, request, unpack_all(request["inputs"], tensors, "in", guards)
+            )
+        finally:
+            if guards is not None:
+                guards.release()
+
+    def _call(self, fast_attention, request, inputs):
         if request.get("chdir"):
             os.chdir(request["chdir"])
         if request.get("set_device") is not None:
@@ -222,6 +379,7 @@ class Runner:
         answer["all"] = sorted({e.name for e in events if "Memcpy" in e.name})
         out = {}
         answer["result"] = pack_result(result, out, "result")
+        answer["waited"] = _waits_for_the_device(fast_attention, inputs)
         torch.cuda.set_sync_debug_mode("error")
         try:
             fast_attention(*inputs)
@@ -292,6 +450,26 @@ class Runner:
 
     def op_health(self, request, tensors):
         return {"cuda_failed": _fresh_cuda_failure()}, {}
+
+
+# About half a second of one SM at an H100's clock: far longer than a call that does not wait.
+BUSY_CYCLES = 1_000_000_000
+
+
+def _waits_for_the_device(fast_attention, inputs) -> bool:
+    """Whether a call returns only once work queued before it is done. The device is kept busy
+    first (a spin kernel on the current stream; torch.cuda._sleep is private, but it is the one
+    way to hold the device for a known time, and tests/test_torch_support.py pins it), then the
+    call. A call that does not wait leaves that work running; a synchronize, a blocking copy or
+    polling an event in a loop all wait, whatever the profiler lists."""
+    torch.cuda.synchronize()
+    busy = torch.cuda.Event()
+    torch.cuda._sleep(BUSY_CYCLES)
+    busy.record()
+    fast_attention(*inputs)
+    finished = busy.query()
+    torch.cuda.synchronize()
+    return finished
 
 
 def _first(error: BaseException) -> str:
