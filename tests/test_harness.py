@@ -242,6 +242,31 @@ def test_syntax_broken_candidate_is_present_with_the_error(candidate):
     assert review.import_failure.startswith("syntax error at attention_wrapper.py:1: ")
 
 
+KERNEL_WRAPPER = (
+    "import ctypes\n\nimport torch\n\n_lib = ctypes.CDLL('./custom_attention.so')\n\n\n"
+    "def fast_attention(q, k, v):\n"
+    "    if q.requires_grad:\n        ctypes.string_at(0)  # dies in the autograd probe only\n"
+    "    out = torch.empty_like(q)\n"
+    "    pointers = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, out)]\n"
+    "    _lib.launch_attention_kernel(*pointers, q.shape[0], q.shape[1])\n"
+    "    return out\n"
+)
+
+
+def test_a_crash_is_placed_in_the_probes_case_after_checked_calls(candidate):
+    """The checked calls before a probe's first call name cases of their own; a crash after
+    them is the probe's case's, whatever number of them the seed drew (0 to 3 here)."""
+    impl = candidate(KERNEL_WRAPPER)
+    for seed in range(4):
+        review = run_review(impl, only=["autograd"], seed=seed)
+        [(status, evidence)] = statuses(review).values()
+        assert status == "present", evidence
+        assert evidence.endswith("during case 'loss = attention term + other terms; backward'"), (
+            seed,
+            evidence,
+        )
+
+
 def test_refusing_everything_is_not_loud(candidate):
     """Loud counts only while valid calls still work: a wrapper that raises on every call, with
     a message naming every problem, must not pass the input probes."""
@@ -595,6 +620,10 @@ def test_big_memory_probes_take_turns(tmp_path, monkeypatch, capfd):
     free["bytes"] = 30 * 2**30  # another program took the memory since the review began
     with review_module.big_memory_turn(patience=0.5) as cannot:
         assert cannot == "needs about 60 GB of free GPU memory; 30 GB free"
+    readings = iter([30 * 2**30, 30 * 2**30, 70 * 2**30])  # another review's probes end
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=0: (next(readings), 2**37))
+    with review_module.big_memory_turn(patience=5) as cannot:
+        assert cannot is None
 
 
 GUARD_CHECK = """

@@ -73,6 +73,13 @@ class ProbeContext:
 
     def __post_init__(self):
         self.generator = torch.Generator().manual_seed(self.seed)
+        report, self.case = self.report_case, None
+
+        def report_case(name: str) -> None:  # remembered: the checked calls put it back
+            self.case = name
+            report(name)
+
+        self.report_case = report_case
         # The checked calls: where they fall, their sizes and their data, apart from the cases'
         # inputs (a seed gives the same cases whatever the checked calls did).
         self.schedule = random.Random(self.seed)
@@ -88,10 +95,12 @@ class ProbeContext:
         if "import_error" in reply:
             raise ImplementationImportError(reply["import_error"])
         self._loaded.add(module)
-        count = self.schedule.randint(*CHECKED_BEFORE)
+        case, count = self.case, self.schedule.randint(*CHECKED_BEFORE)
         if failure := self.checked_calls(count, "before the probe's own", module):
             self.broken.append(failure)
             self.report_failure(failure)
+        if case is not None and count:  # a crash from here on is the probe's case's
+            self.report_case(case)
 
     def checked_after(self, name: str, module: str = CANDIDATE_MODULE) -> str | None:
         """The checked calls that follow a probe's call `name`: None, or the first failure."""

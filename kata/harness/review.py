@@ -78,8 +78,8 @@ def _too_little_memory(free_bytes: int) -> str:
 @contextlib.contextmanager
 def big_memory_turn(patience: float):
     """Hold the machine-wide big-memory lock; yields None, or why this probe cannot run now
-    (the lock stayed taken for `patience` seconds, or too little memory is free under it). The
-    kernel releases the lock when its holder dies, so a killed review never blocks the next."""
+    (the lock stayed taken, or too little memory stayed free under it, for `patience` seconds).
+    The kernel releases the lock when its holder dies, so a killed review never blocks the next."""
     with contextlib.ExitStack() as stack:
         try:
             fd = os.open(BIG_MEMORY_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
@@ -105,8 +105,13 @@ def big_memory_turn(patience: float):
                 time.sleep(0.2)
         import torch
 
-        free, _ = torch.cuda.mem_get_info(0)
-        yield None if free >= BIG_MEMORY_BYTES else _too_little_memory(free)
+        # Other reviews' probes hold GPU memory for seconds at a time: wait for them, as above.
+        while (free := torch.cuda.mem_get_info(0)[0]) < BIG_MEMORY_BYTES:
+            if time.monotonic() > deadline:
+                yield _too_little_memory(free)
+                return
+            time.sleep(0.5)
+        yield None
 
 
 @dataclass
