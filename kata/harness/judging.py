@@ -35,6 +35,7 @@ from kata.harness.remote import (
     Remote,
     RemoteError,
     RunnerStopped,
+    cap_reached,
     materialize,
     pack_all,
 )
@@ -203,7 +204,8 @@ def first_line(error: BaseException) -> str:
     explanation = next((line for line in lines if line.startswith("Explanation:")), None)
     if explanation:
         summary += ". " + explanation.removeprefix("Explanation:").strip()
-    return f"{kind}: {summary}"[:300]
+    cap = cap_reached(f"{kind}: {summary}")  # an allocation the sandbox's cap refused, say
+    return f"{kind}: {summary}"[:300] + (f" ({cap})" if cap else "")
 
 
 # Errors that mean the implementation tripped over the input instead of rejecting it: a bug of

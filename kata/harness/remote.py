@@ -243,13 +243,11 @@ def _own_lines(stderr: bytes) -> list[str]:
     return kept
 
 
-def death(returncode: int, stderr: bytes) -> str:
-    """Say how a probe's process ended without a verdict: a signal, or its last error line; and
-    the sandbox's cap it ran into, where its end or its error shows one (sandbox.py)."""
+def cap_reached(told: str, returncode: int = 0) -> str | None:
+    """The sandbox's cap (sandbox.py) that a process's last words or its end show it ran into,
+    as the evidence names it; None when they show none."""
     from kata.harness import sandbox
 
-    own = [line.strip() for line in _own_lines(stderr) if line.strip()]
-    told = "\n".join(own)
     caps = [
         (("MemoryError", "can't allocate memory", "Cannot allocate memory"), "memory"),
         (("No space left on device",), "tmp"),
@@ -267,7 +265,15 @@ def death(returncode: int, stderr: bytes) -> str:
         "file": f"the sandbox's file-size cap ({sandbox.FILE_CAP / 2**30:.0f} GiB)",
         "processes": "the sandbox's process cap",
     }.get(reached)
-    reached = f"; {cap} was reached" if cap else ""
+    return f"{cap} was reached" if cap else None
+
+
+def death(returncode: int, stderr: bytes) -> str:
+    """Say how a probe's process ended without a verdict: a signal, or its last error line; and
+    the sandbox's cap it ran into, where its end or its error shows one."""
+    own = [line.strip() for line in _own_lines(stderr) if line.strip()]
+    cap = cap_reached("\n".join(own), returncode)
+    reached = f"; {cap}" if cap else ""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
