@@ -120,6 +120,7 @@ class ProbeContext:
             )
             answer = self.call(inputs, module=module)
             if answer.cuda_failed:
+                self.fresh_runner(answer.cuda_failed)  # as after a case: the context is poisoned
                 return f"{name}: CUDA failed after the call returned: {answer.cuda_failed}"
             if answer.error is not None:
                 return f"{name} raised {first_line(answer.error)}: valid input must be computed"
