@@ -162,3 +162,40 @@ def test_an_uncaught_keyboard_interrupt_ends_the_child_as_python_ends(runners, t
     (tests/adversarial/exits_instead_of_raising.py states the evidence it gives)."""
     returncode, _, stderr = run_script(runners, tmp_path, "raise KeyboardInterrupt")
     assert returncode == -signal.SIGINT and "KeyboardInterrupt" in stderr
+
+
+REVIEW_WITHOUT_TORCH = """
+import sys
+from kata.harness.review import resolve_implementation, run_review
+review = run_review(resolve_implementation("flawed"), only=["shape"])
+print(review.machine.probe_device, review.reports[0].result.status)
+print("torch imported here" if "torch" in sys.modules else "no torch here")
+"""
+
+
+def test_the_review_process_never_imports_torch():
+    """The zygotes import torch, and a child of the judge zygote tells the review what GPUs the
+    machine has: on two cores a third import, the review's own, delayed every probe (the first
+    one's answer came at 2.6 s instead of 2.1 s)."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env.pop("KATA_ZYGOTE", None)
+    done = subprocess.run(
+        [sys.executable, "-c", REVIEW_WITHOUT_TORCH],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    answer, where = done.stdout.splitlines()[-2:]
+    assert answer == ("cuda present" if torch_sees_a_gpu() else "cpu present"), done.stdout
+    assert where == "no torch here", done.stdout
+
+
+def torch_sees_a_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kata import REPO_ROOT
-from kata.harness import forked, lifeline, sandbox, zygote
+from kata.harness import endings, forked, lifeline, sandbox, zygote
 from kata.harness.child import MARKER
 
 DEFAULT_TIMEOUT_S = 60.0
+RUNNER = Path(__file__).resolve().with_name("runner.py")  # the script a probe's runner runs
 
 # Probe processes still running. They run in sessions of their own (so a time limit can kill all
 # they started), which also keeps the terminal's Ctrl-C from reaching them: kill_all() does.
@@ -58,6 +59,34 @@ def _start_zygote(kind: str) -> zygote.Zygote | None:
     if kind not in _zygotes:
         _zygotes[kind] = zygote.Zygote(kind, _probe_env())
     return _zygotes[kind]
+
+
+def machine_facts(timeout: float = 60) -> dict | None:
+    """child.machine_facts, from a child of the judge zygote (CUDA initialised there, never in
+    a zygote); None where zygotes are off or it answered nothing (the caller looks itself)."""
+    judges = _zygote("judge")
+    if judges is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="kata-machine-") as scratch:
+        argv = ["kata.harness.child", json.dumps({"probe": "machine"})]
+        with _running_lock:
+            if _stopped:
+                return None
+            try:
+                process = forked.spawn(judges.name, argv, cwd=scratch, env=_probe_env())
+            except OSError:
+                return None
+            _running.add(process)
+        try:
+            stdout, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            return None
+        finally:
+            with _running_lock:
+                _running.discard(process)
+    found = [message["machine"] for message in _messages(stdout) if "machine" in message]
+    return found[0] if found else None
 
 
 def _probe_env() -> dict:
@@ -182,9 +211,7 @@ def run_isolated(
     elif stopped:
         end = stopped[-1] + during
     else:
-        from kata.harness.remote import death
-
-        end = death(returncode, stderr) + during
+        end = endings.death(returncode, stderr) + during
     return ProbeResult("present", "; ".join([*found, end]), last_case)
 
 
@@ -194,8 +221,6 @@ def _runner(implementation: Implementation, scratch: Path, cwd: Path) -> dict:
     harness on its path; for a candidate's code, in a sandbox. Forked from the runner zygote
     where one runs and the sandbox can confine a forked child (user namespaces, or none)."""
     script = scratch / "kata_runner.py"
-    from kata.harness.remote import RUNNER  # imports torch: after the zygotes started
-
     shutil.copyfile(RUNNER, script)
     command = [sys.executable, "-P", str(script), json.dumps(implementation.to_json())]
     outside = [

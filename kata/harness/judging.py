@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from kata.harness import reference
+from kata.harness.endings import cap_reached
 from kata.harness.kernel_check import BYPASSED, VendorKernel
 from kata.harness.remote import (
     Answer,
@@ -35,7 +36,6 @@ from kata.harness.remote import (
     Remote,
     RemoteError,
     RunnerStopped,
-    cap_reached,
     materialize,
     pack_all,
 )

@@ -27,6 +27,7 @@ from kata.harness.isolation import (
     Implementation,
     ProbeResult,
     kill_all,
+    machine_facts,
     run_isolated,
     start_zygotes,
 )
@@ -53,13 +54,17 @@ class Machine:
 
     @classmethod
     def detect(cls) -> Machine:
-        import torch
+        """From the judge zygote where one runs (this process never imports torch), else here."""
+        facts = machine_facts()
+        if facts is None:
+            from kata.harness.child import machine_facts as facts_here
 
-        if not torch.cuda.is_available():
+            facts = facts_here()
+        count = facts["gpu_count"]
+        if not count:
             return cls("cpu", "cpu", 0, 0)
-        count = torch.cuda.device_count()
-        name = torch.cuda.get_device_name(0) + (f" x{count}" if count > 1 else "")
-        return cls(name, "cuda", count, torch.cuda.mem_get_info(0)[0])
+        name = facts["name"] + (f" x{count}" if count > 1 else "")
+        return cls(name, "cuda", count, facts["free_bytes"])
 
     def skip_reason(self, flaw: Flaw) -> str | None:
         if Need.CUDA in flaw.needs and self.gpu_count == 0:
@@ -317,7 +322,7 @@ def run_review(
 def _run(
     implementation, timeout, seed, only, jobs, catalog, round_number, prepare, on_report, first
 ) -> Review:
-    start_zygotes()  # they import torch while Machine.detect and the builds run
+    start_zygotes()  # they import torch while the builds run; one then tells Machine.detect
     machine = Machine.detect()
     seed = secrets.randbelow(2**31) if seed is None else seed
     flaws = [flaw for flaw in catalog if only is None or flaw.id in only]
