@@ -606,7 +606,7 @@ def test_big_memory_probes_take_turns(tmp_path, monkeypatch, capfd):
     lock = tmp_path / "big.lock"
     monkeypatch.setattr(review_module, "BIG_MEMORY_LOCK", lock)
     free = {"bytes": 80 * 2**30}
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=0: (free["bytes"], 2**37))
+    monkeypatch.setattr(review_module, "free_gpu_bytes", lambda: free["bytes"])
     holder = _hold_lock(lock)
     try:
         with review_module.big_memory_turn(patience=0.5) as cannot:
@@ -621,7 +621,7 @@ def test_big_memory_probes_take_turns(tmp_path, monkeypatch, capfd):
     with review_module.big_memory_turn(patience=0.5) as cannot:
         assert cannot == "needs about 60 GB of free GPU memory; 30 GB free"
     readings = iter([30 * 2**30, 30 * 2**30, 70 * 2**30])  # another review's probes end
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=0: (next(readings), 2**37))
+    monkeypatch.setattr(review_module, "free_gpu_bytes", lambda: next(readings))
     with review_module.big_memory_turn(patience=5) as cannot:
         assert cannot is None
 

@@ -108,15 +108,18 @@ def big_memory_turn(patience: float):
                     )
                     said = True
                 time.sleep(0.2)
-        import torch
-
         # Other reviews' probes hold GPU memory for seconds at a time: wait for them, as above.
-        while (free := torch.cuda.mem_get_info(0)[0]) < BIG_MEMORY_BYTES:
+        while (free := free_gpu_bytes()) < BIG_MEMORY_BYTES:
             if time.monotonic() > deadline:
                 yield _too_little_memory(free)
                 return
-            time.sleep(0.5)
+            time.sleep(1)
         yield None
+
+
+def free_gpu_bytes() -> int:
+    """The first GPU's free memory now, as Machine.detect finds it (torch stays out of here)."""
+    return Machine.detect().free_gpu_bytes
 
 
 @dataclass
