@@ -255,7 +255,7 @@ KERNEL_WRAPPER = (
 
 def test_a_crash_is_placed_in_the_probes_case_after_checked_calls(candidate):
     """The checked calls before a probe's first call name cases of their own; a crash after
-    them is the probe's case's, whatever number of them the seed drew (0 to 3 here)."""
+    them is the probe's case's, whatever number of them the seed drew (1 to 3)."""
     impl = candidate(KERNEL_WRAPPER)
     for seed in range(4):
         review = run_review(impl, only=["autograd"], seed=seed)

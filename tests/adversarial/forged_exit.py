@@ -1,8 +1,9 @@
 # Forger that exits: prints harness-protocol lines claiming "fixed" (unsigned, and with a
 # made-up signature) at import and at its first call, then ends the process with os._exit(0), so
 # that the forged verdict would be the last word. A process that ends without a verdict of the
-# harness's own is present whatever it printed ("... exited ... code 0"). torch.compile meets the
-# os.write before it runs anything, unless a checked call before it (the seed's) ended the process.
+# harness's own is present whatever it printed ("... exited ... code 0"). torch.compile never
+# meets it: a checked call before the probe's own ends the process first (compile used to fail on
+# the os.write in its trace).
 # focus: dtype, compile, host-alloc
 # expect dtype: present "code 0"
 # expect shape: present "code 0"
@@ -11,7 +12,7 @@
 # expect error-code: present "code 0"
 # expect autograd: present "code 0"
 # expect library-path: present "code 0"
-# expect compile: present "torch.compile(fullgraph=True) failed" | "code 0"
+# expect compile: present "code 0"
 # expect gpu host-alloc: present "code 0"
 # expect gpu stream: present "code 0"
 # expect gpu multi-gpu: present "code 0"
