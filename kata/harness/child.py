@@ -64,6 +64,7 @@ def main(spec_json: str) -> None:
         remote=remote,
         seed=spec["seed"],
         device=spec["device"],
+        probe=spec["probe"],
         report_case=report_case,
         report_failure=lambda text: emit({"failure": text}),
         planted_library=Path(spec["planted_library"]) if spec.get("planted_library") else None,

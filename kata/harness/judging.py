@@ -47,7 +47,9 @@ CANDIDATE_MODULE = "candidate_attention_wrapper"
 # calls, past a wrapper that answers two with the kernel (tests/adversarial/call_counter.py).
 CHECKED_BEFORE = (1, 3)
 CHECKED_AFTER = (1, 3)  # after every case that did not fail
-CHECKED_LENGTHS = (1, 160)  # their sequence lengths (batch 1 to 3, head dim 64)
+# Their sequence lengths (batch 1 to 3, head dim 64): odd, so never a probe's own shape, and no
+# (batch, length) twice in a process; a cache keyed by shape shows where a probe repeats one.
+CHECKED_LENGTHS = (1, 159)
 FRESH_RUNNERS = 12  # runners a probe may start after crashes before it stops
 
 
@@ -71,6 +73,7 @@ class ProbeContext:
     report_failure: Callable[[str], None] = lambda text: None
     planted_library: Path | None = None
     kernel: VendorKernel | None = None
+    probe: str = ""  # its id: each probe draws its own checked calls from the seed
     broken: list[str] = field(default_factory=list)  # checked calls that failed outside a case
     _loaded: set = field(default_factory=set, repr=False)
     _fresh_runners: int = 0
@@ -86,8 +89,9 @@ class ProbeContext:
         self.report_case = report_case
         # The checked calls: where they fall, their sizes and their data, apart from the cases'
         # inputs (a seed gives the same cases whatever the checked calls did).
-        self.schedule = random.Random(self.seed)
+        self.schedule = random.Random(f"{self.seed}/{self.probe}")
         self.checked_data = torch.Generator().manual_seed(self.seed + 1)
+        self._checked_shapes: set[tuple[int, int]] = set()  # in this runner
 
     def load(self, module: str = CANDIDATE_MODULE, chdir: Path | None = None) -> None:
         """Import the implementation in its process (once per module name and process); the
@@ -114,7 +118,7 @@ class ProbeContext:
         """`count` supported calls on fresh data: None when every answer is right (and the
         vendor kernel's, for a candidate's wrapper), else the first failure."""
         for _ in range(count):
-            batch, length = self.schedule.randint(1, 3), self.schedule.randint(*CHECKED_LENGTHS)
+            batch, length = self._fresh_shape()
             name = f"a checked ({batch}, {length}, 64) float32 call {when}"
             self.report_case(name)
             inputs = tuple(
@@ -133,6 +137,15 @@ class ProbeContext:
                 return failure
         return None
 
+    def _fresh_shape(self) -> tuple[int, int]:
+        if len(self._checked_shapes) >= 3 * len(range(*CHECKED_LENGTHS, 2)):
+            self._checked_shapes.clear()  # every shape used: a repeat cannot be helped
+        while True:
+            shape = self.schedule.randint(1, 3), self.schedule.randrange(*CHECKED_LENGTHS, 2)
+            if shape not in self._checked_shapes:
+                self._checked_shapes.add(shape)
+                return shape
+
     def fresh_runner(self, why: str) -> None:
         """End the runner (dead, or with a poisoned CUDA context): the next call starts a fresh
         one. Past FRESH_RUNNERS of them, the probe stops with `why`."""
@@ -142,6 +155,7 @@ class ProbeContext:
         self.remote.close()
         self.remote.process = None  # Remote.request starts the next one
         self._loaded.clear()
+        self._checked_shapes.clear()
 
     def call(self, inputs, *, module: str = CANDIDATE_MODULE, op="call", **options) -> Answer:
         """One call of the implementation on `inputs`; what it returned or raised."""
