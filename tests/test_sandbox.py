@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kata.harness import remote, sandbox
+from kata.harness import endings, sandbox
 
 WRITE_REFUSED = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT}  # ENOENT: under a new tmpfs
 
@@ -324,7 +324,7 @@ def test_kata_sandbox_off_gives_none(monkeypatch):
     assert off.returncode(139) == 139
 
 
-# The caps (sandbox.caps, TMP_CAP): each shown biting, and named by remote.death, which words a
+# The caps (sandbox.caps, TMP_CAP): each shown biting, and named by endings.death, which words a
 # runner's end. Each bounds its own work, so that without a cap it fails instead of filling up.
 
 
@@ -342,7 +342,7 @@ def test_memory_cap_bites(box, tmp_path):
     """
     completed = run(box, code, [tmp_path], tmp_path, str(cap))
     assert completed.returncode == 1 and "MemoryError" in completed.stderr, completed.stderr
-    said = remote.death(completed.returncode, completed.stderr.encode())
+    said = endings.death(completed.returncode, completed.stderr.encode())
     assert f"memory cap ({cap / 2**30:.0f} GiB a process) was reached" in said, said
 
 
@@ -369,7 +369,7 @@ def test_tmp_cap_bites(box, tmp_path):
     """
     completed = run(box, code, [tmp_path], tmp_path, str(sandbox.TMP_CAP))
     assert completed.returncode == 1 and "[Errno 28]" in completed.stderr, completed.stderr
-    said = remote.death(completed.returncode, completed.stderr.encode())
+    said = endings.death(completed.returncode, completed.stderr.encode())
     assert "the private /tmp's 1 GiB (or the disk's space) was reached" in said, said
 
 
@@ -392,7 +392,7 @@ def test_file_size_cap_bites(box, tmp_path):
     """
     completed = run(box, code, [tmp_path], tmp_path, str(sandbox.FILE_CAP))
     assert completed.returncode == signal.SIGXFSZ, completed.stderr
-    said = remote.death(-signal.SIGXFSZ, b"")
+    said = endings.death(-signal.SIGXFSZ, b"")
     assert said == "process died with SIGXFSZ; the sandbox's file-size cap (2 GiB) was reached"
 
 
@@ -418,16 +418,16 @@ def test_process_cap_bites(box, tmp_path):
     bound = str(sandbox.caps()[resource.RLIMIT_NPROC] + 64)
     completed = run(box, code, [tmp_path], tmp_path, bound)
     assert completed.returncode == 1 and "BlockingIOError" in completed.stderr, completed.stderr
-    said = remote.death(completed.returncode, completed.stderr.encode())
+    said = endings.death(completed.returncode, completed.stderr.encode())
     assert "the sandbox's process cap was reached" in said, said
 
 
 def test_death_names_no_cap_for_other_errors():
-    said = remote.death(
+    said = endings.death(
         1, b"Traceback\nBlockingIOError: [Errno 11] Resource temporarily unavailable"
     )
     assert said.endswith("Resource temporarily unavailable"), said  # a socket's, not a fork's
-    assert remote.death(-signal.SIGSEGV, b"") == "process died with SIGSEGV"
+    assert endings.death(-signal.SIGSEGV, b"") == "process died with SIGSEGV"
 
 
 def test_note_names_the_caps():

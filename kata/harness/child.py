@@ -41,10 +41,11 @@ def main(spec_json: str) -> None:
     if spec.get("probe") == "machine":
         emit({"machine": machine_facts()})
         return
+    from kata.harness.endings import STDERR_MARK
     from kata.harness.judging import ImplementationImportError, first_line
     from kata.harness.kernel_check import VendorKernel
     from kata.harness.probes import PROBES, ProbeContext
-    from kata.harness.remote import STDERR_MARK, Remote, RunnerStopped
+    from kata.harness.remote import Remote, RunnerStopped
 
     def report_case(name: str) -> None:
         os.write(2, f"\n{STDERR_MARK} {name}\n".encode())

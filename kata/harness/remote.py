@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from kata.harness import forked, lifeline
-from kata.harness.endings import STDERR_MARK, cap_reached, death  # noqa: F401 (remote's API too)
+from kata.harness.endings import death
 
 # The most an answer may take: 8 x the largest a probe asks for (the stream probe's output, a
 # (32, 4096, 64) float32 tensor, 32 MiB). The runner is the candidate's: a length past this is
