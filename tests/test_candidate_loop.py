@@ -24,7 +24,7 @@ import pytest
 
 from kata import REPO_ROOT
 from kata.candidate import commands as candidate
-from kata.harness import hints
+from kata.harness import hints, isolation
 from kata.harness.catalog import CATALOG
 from kata.harness.isolation import Implementation, ProbeResult
 from kata.harness.review import FlawReport, Machine, Review
@@ -541,6 +541,7 @@ def test_watch_starts_with_the_checks_that_failed_last_time(monkeypatch, capsys)
 
     def run(command, **options):
         commands.append(command)
+        assert options["env"][isolation.LASTING] == "judge=J"
         ids = recorded[len(commands) - 1]
         if ids is not None and "--failing-to" in command:
             Path(command[command.index("--failing-to") + 1]).write_text("\n".join(ids))
@@ -548,8 +549,13 @@ def test_watch_starts_with_the_checks_that_failed_last_time(monkeypatch, capsys)
 
     monkeypatch.setattr(candidate.subprocess, "run", run)
     monkeypatch.setattr(candidate, "_wait_for_save", lambda *args: ["attention_wrapper.py"])
+    kept = []  # the zygotes watch keeps for all its checks: started once, named to each
+    monkeypatch.setattr(
+        isolation, "lasting_zygotes", lambda: kept.append(1) or {isolation.LASTING: "judge=J"}
+    )
     args = argparse.Namespace(impl="flawed", max_runs=5, interval=0.01)
     assert candidate._watch(args) == 0
+    assert kept == [1]
 
     def first(command):
         return command[command.index("--first") + 1] if "--first" in command else None

@@ -199,3 +199,58 @@ def torch_sees_a_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+KEPT_ZYGOTES_REVIEW = """
+import sys
+from kata.harness import isolation
+from kata.harness.review import resolve_implementation, run_review
+review = run_review(resolve_implementation("flawed"), only=["shape"])
+print(review.reports[0].result.status)
+print(" ".join(sorted(type(kept).__name__ for kept in isolation._zygotes.values())))
+"""
+
+
+def test_a_review_forks_its_probes_from_the_zygotes_it_is_given():
+    """`watch` keeps its zygotes across saves and names them to each check (KATA_ZYGOTES): the
+    check's probes fork from those, and it starts none of its own (on two cores that saved
+    about a second a save, torch's import)."""
+    import subprocess
+
+    from kata.harness import isolation
+
+    kept = [zygote.Zygote(kind, ENV) for kind in ("judge", "runner")]
+    try:
+        assert all(started.usable() for started in kept)
+        env = dict(ENV, **{isolation.LASTING: ",".join(f"{z.kind}={z.name}" for z in kept)})
+        env.pop("KATA_ZYGOTE", None)
+        done = subprocess.run(
+            [sys.executable, "-c", KEPT_ZYGOTES_REVIEW],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-2:] == ["present", "Adopted Adopted"], done.stdout
+        assert all(started.usable() for started in kept)  # the review did not end them
+    finally:
+        for started in kept:
+            started.close()
+
+
+def test_a_kept_zygote_that_is_gone_is_replaced_by_a_review_of_its_own(monkeypatch):
+    from kata.harness import isolation
+
+    gone = zygote.Zygote("judge", ENV)
+    assert gone.usable()
+    gone.close()
+    gone.process.wait(timeout=30)
+    monkeypatch.setattr(isolation, "_zygotes", {})
+    monkeypatch.setenv(isolation.LASTING, f"judge={gone.name}")
+    try:
+        own = isolation._zygote("judge")
+        assert isinstance(own, zygote.Zygote) and own.name != gone.name
+    finally:
+        isolation.close_zygotes()

@@ -308,6 +308,7 @@ def _wait_for_save(directory: Path, before: dict, interval: float) -> list[str]:
 
 
 def _watch(args) -> int:
+    from kata.harness import isolation
     from kata.harness.review import resolve_implementation
 
     implementation = resolve_implementation(args.impl)
@@ -323,6 +324,7 @@ def _watch(args) -> int:
     env = dict(os.environ, PYTHONPATH=python_path)
     shown = _shown_dir(directory)
     runs, saved, failing = 0, [], []
+    harness = None  # the judge's sources the kept zygotes imported
     try:
         with tempfile.TemporaryDirectory(prefix="kata-watch-") as scratch:
             # Each check writes its failing ids here; the next one starts their probes first.
@@ -334,6 +336,11 @@ def _watch(args) -> int:
                     banner = f"{rule} {stamp}  saved: {', '.join(saved)} {rule}"
                     print("\n" + style.paint(banner, "2"), flush=True)
                 before = snapshot(directory)
+                if harness != (harness := snapshot(REPO_ROOT / "kata")):
+                    # Torch imported once for every save, not once per check: the zygotes are
+                    # kept here (started again when kata/ itself changed).
+                    isolation.close_zygotes()
+                    env.update(isolation.lasting_zygotes())
                 failing_file.unlink(missing_ok=True)
                 order = ["--first", ",".join(failing)] if failing else []
                 this_run = [*command, *order, "--failing-to", str(failing_file)]
@@ -350,6 +357,8 @@ def _watch(args) -> int:
     except KeyboardInterrupt:
         print("\nstopped watching.")
         return 0
+    finally:
+        isolation.close_zygotes()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 illegal memory access or a hang becomes evidence instead of taking the test session or the
 review down. The probe's judge and its runner are forked from zygotes (zygote.py) that imported
 torch once for the whole review, never after CUDA init; KATA_ZYGOTE=off (or a zygote that does
-not start) spawns fresh interpreters instead, as does a sandbox that execs (bubblewrap).
+not start) spawns fresh interpreters instead, as does a sandbox that execs (bubblewrap). `watch`
+keeps its zygotes across saves (lasting_zygotes) and names them to each check in KATA_ZYGOTES.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ RUNNER = Path(__file__).resolve().with_name("runner.py")  # the script a probe's
 _running: set[subprocess.Popen] = set()
 _running_lock = threading.Lock()
 _stopped = False  # set by kill_all: no new probe process starts after it
-_zygotes: dict[str, zygote.Zygote] = {}  # "judge", "runner": started on first use
+_zygotes: dict[str, zygote.Zygote | zygote.Adopted] = {}  # "judge", "runner": on first use
+LASTING = "KATA_ZYGOTES"  # "judge=NAME,runner=NAME": zygotes another process keeps (watch)
 
 
 def _zygote(kind: str) -> zygote.Zygote | None:
@@ -57,8 +59,35 @@ def _start_zygote(kind: str) -> zygote.Zygote | None:
     if off or _stopped:
         return None
     if kind not in _zygotes:
-        _zygotes[kind] = zygote.Zygote(kind, _probe_env())
+        lasting = _lasting().get(kind)
+        if lasting is not None and zygote.Adopted(kind, lasting).usable():
+            _zygotes[kind] = zygote.Adopted(kind, lasting)
+        else:  # none kept for us, or it is gone: one of this review's own
+            _zygotes[kind] = zygote.Zygote(kind, _probe_env())
     return _zygotes[kind]
+
+
+def _lasting() -> dict[str, str]:
+    entries = (entry.partition("=") for entry in os.environ.get(LASTING, "").split(","))
+    return {kind: name for kind, _, name in entries if kind in ("judge", "runner") and name}
+
+
+def lasting_zygotes() -> dict[str, str]:
+    """For checks run one after another in child processes (watch): both zygotes started here
+    and kept, named in an environment entry for the children (none where zygotes are off). They
+    hold torch and the harness, never a candidate's code: nothing crosses from one check to the
+    next but the time they saved. close_zygotes() ends them."""
+    start_zygotes()
+    kept = {kind: started for kind, started in _zygotes.items() if started.usable()}
+    return {LASTING: ",".join(f"{kind}={started.name}" for kind, started in kept.items())}
+
+
+def close_zygotes() -> None:
+    """End this process's zygotes (with any children they still have); the next use starts new."""
+    with _running_lock:
+        for started in _zygotes.values():
+            started.close()
+        _zygotes.clear()
 
 
 def machine_facts(timeout: float = 60) -> dict | None:
