@@ -102,45 +102,6 @@ def test_an_answer_is_raw_bytes_never_an_archive_to_inflate(tmp_path):
     remote.close()
 
 
-# A runner that answers every request with its pid, and logs each request's op.
-ECHO_RUNNER = """
-import json, os, struct, sys
-log = open(sys.argv[1], "a")
-while len(size := sys.stdin.buffer.read(8)) == 8:
-    frame = sys.stdin.buffer.read(struct.unpack("<Q", size)[0])
-    op = json.loads(frame.split(b"\\n", 1)[0])["op"]
-    log.write(f"{os.getpid()} {op}\\n")
-    log.flush()
-    reply = json.dumps({"pid": os.getpid()}).encode() + b"\\n[]\\n"
-    os.write(1, struct.pack("<Q", len(reply)) + reply)
-"""
-
-
-def test_a_fresh_runner_is_the_spare_started_ahead_with_cuda_warmed(tmp_path):
-    """After a crash the next runner is already running (started at the crash before), and on
-    CUDA each runner is asked to create its context as it starts, not inside the first call:
-    a flawed wrapper's device probe on an H100 started eight runners one after another."""
-    log = tmp_path / "log"
-    command = [sys.executable, "-c", ECHO_RUNNER, str(log)]
-    remote = Remote(command, tmp_path, dict(os.environ), cuda=True)
-    pids = [remote.request({"op": "health"})[0]["pid"]]
-    remote.restart()  # no spare yet: one starts now, and a spare for the next restart
-    spare = remote._spare[0].pid
-    pids.append(remote.request({"op": "health"})[0]["pid"])
-    remote.restart()
-    pids.append(remote.request({"op": "health"})[0]["pid"])
-    last_spare = remote._spare[0]
-    remote.close()
-    assert pids[2] == spare and len(set(pids)) == 3
-    assert last_spare.wait(timeout=10) == 0  # ended with the probe
-    ops: dict[int, list[str]] = {}
-    for line in log.read_text().splitlines():
-        pid, op = line.split()
-        ops.setdefault(int(pid), []).append(op)
-    assert [ops[pid] for pid in pids] == [["warm", "health"]] * 3, ops
-    assert ops[last_spare.pid] == ["warm"]
-
-
 def test_a_crash_fails_its_own_case_and_the_next_runs_fresh(candidate):
     """A segfault on the sliced key's case, loud refusals of a strided query and value: the crash
     is that case's failure, the value's case still runs (in a fresh runner) and the rubric's

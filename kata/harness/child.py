@@ -11,7 +11,6 @@ crash can be placed), {"failure": text} as failures are found, then {"verdict": 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -57,15 +56,8 @@ def main(spec_json: str) -> None:
     for name in runner.get("unset", []):
         env.pop(name, None)
     remote = Remote(
-        runner["command"],
-        Path(runner["cwd"]),
-        env,
-        runner["signal_exits"],
-        runner.get("zygote"),
-        cuda=spec["device"].startswith("cuda"),
+        runner["command"], Path(runner["cwd"]), env, runner["signal_exits"], runner.get("zygote")
     )
-    with contextlib.suppress(OSError):  # it starts while this judge prepares (else on first use)
-        remote.start()
     kernel = None
     if spec.get("kernel_library"):
         kernel = VendorKernel(Path(spec["kernel_library"]), spec["device"])

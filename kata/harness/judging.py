@@ -147,12 +147,13 @@ class ProbeContext:
                 return shape
 
     def fresh_runner(self, why: str) -> None:
-        """End the runner (dead, or with a poisoned CUDA context) for a fresh one (started ahead:
-        Remote.restart). Past FRESH_RUNNERS of them, the probe stops with `why`."""
+        """End the runner (dead, or with a poisoned CUDA context): the next call starts a fresh
+        one. Past FRESH_RUNNERS of them, the probe stops with `why`."""
         self._fresh_runners += 1
         if self._fresh_runners > FRESH_RUNNERS:
             raise RunnerStopped(f"{why} (and {FRESH_RUNNERS} fresh runners before it)")
-        self.remote.restart()
+        self.remote.close()
+        self.remote.process = None  # Remote.request starts the next one
         self._loaded.clear()
         self._checked_shapes.clear()
 

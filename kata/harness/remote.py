@@ -9,7 +9,6 @@ reference and, on supported inputs, against the vendor kernel run here.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
@@ -123,93 +122,54 @@ def _tensors(table: list, data: bytearray) -> dict[str, torch.Tensor]:
 
 
 class Remote:
-    """The runner process of one probe: started ahead of its first request (start), and again
-    after a crash (restart), when a spare started ahead takes its place."""
+    """One runner process for one probe, started on first use."""
 
-    def __init__(
-        self, command, cwd: Path, env: dict, signal_exits=False, fork_request=None, cuda=False
-    ):
+    def __init__(self, command, cwd: Path, env: dict, signal_exits=False, fork_request=None):
         self.command, self.cwd, self.env = command, cwd, env
         # From the runner zygote ({"name", "argv", "binds", "path"}: zygote.py), else `command`
         self.fork_request = fork_request
         # bubblewrap reports its child's death by signal N as exit code 128 + N
         self.signal_exits = signal_exits
-        # The probe runs on CUDA: each process creates its context as it starts (a "warm"
-        # request), while the judge prepares, rather than inside the first call.
-        self.cuda = cuda
         self.process: subprocess.Popen | None = None
         self.stderr = bytearray()
         self.mark = 0  # where the current request's stderr begins
-        self._warming = False  # the current process's answer to "warm" is still to be read
-        self._spare: tuple | None = None  # the next process, started ahead: _launch()'s
 
-    def start(self) -> None:
-        """The process, started now unless it runs: the spare if there is one."""
-        if self.process is None:
-            self.process, self.stderr, self.drainer = self._spare or self._launch()
-            self._spare, self._warming, self.mark = None, self.cuda, 0
-
-    def restart(self) -> None:
-        """End this process (dead, or with a poisoned CUDA context) for the next: the spare
-        started at the last restart, and a new spare for the one after (a probe that crashed
-        once tends to crash again, and a CUDA context takes a second to create)."""
-        _end(self.process)
-        self.process = None
-        self.start()
-        with contextlib.suppress(OSError):  # no spare: the one after starts when it is needed
-            self._spare = self._launch()
-
-    def _launch(self) -> tuple:
-        """A new process, the thread that keeps what it says on stderr, and its warm-up asked."""
+    def _start(self) -> None:
         if self.fork_request is not None:
             request = dict(self.fork_request)
             name = request.pop("name")
-            process = forked.spawn(name, cwd=str(self.cwd), env=self.env, **request)
+            self.process = forked.spawn(name, cwd=str(self.cwd), env=self.env, **request)
         else:
-            process = subprocess.Popen(
-                self.command,
-                cwd=self.cwd,
-                env=self.env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                preexec_fn=lifeline.die_with_this_thread(),  # dies with the judge
-            )
-        stderr = bytearray()
+            self._start_fresh()
+        self.drainer = threading.Thread(target=self._drain, daemon=True)
+        self.drainer.start()
 
-        def drain() -> None:
-            for chunk in iter(lambda: process.stderr.read1(65536), b""):
-                stderr.extend(chunk[: max(0, MAX_STDERR_BYTES - len(stderr))])
+    def _start_fresh(self) -> None:
+        self.process = subprocess.Popen(
+            self.command,
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=lifeline.die_with_this_thread(),  # dies with the judge
+        )
 
-        drainer = threading.Thread(target=drain, daemon=True)
-        drainer.start()
-        if self.cuda:
-            with contextlib.suppress(OSError):  # one that died at once dies in request()
-                self._send(process, {"op": "warm"}, None)
-        return process, stderr, drainer
+    def _drain(self) -> None:
+        for chunk in iter(lambda: self.process.stderr.read1(65536), b""):
+            self.stderr += chunk[: max(0, MAX_STDERR_BYTES - len(self.stderr))]
 
     def request(self, header: dict, tensors: dict | None = None) -> tuple[dict, dict]:
-        self.start()
-        if self._warming:  # its answer to "warm" ({}, whether CUDA started or not)
-            self._warming = False
-            self._exchange(None)
+        if self.process is None:
+            self._start()
         self.mark = len(self.stderr)
-        return self._exchange((header, tensors))
-
-    @staticmethod
-    def _send(process, header: dict, tensors: dict | None) -> None:
         blob = io.BytesIO()
         if tensors:
             torch.save(tensors, blob)
         frame = json.dumps(header).encode() + b"\n" + blob.getvalue()
-        process.stdin.write(struct.pack("<Q", len(frame)) + frame)
-        process.stdin.flush()
-
-    def _exchange(self, message: tuple | None) -> tuple[dict, dict]:
-        """Send `message` (header, tensors), if any, and read one answer."""
         try:
-            if message is not None:
-                self._send(self.process, *message)
+            self.process.stdin.write(struct.pack("<Q", len(frame)) + frame)
+            self.process.stdin.flush()
             size = self.process.stdout.read(8)
             if len(size) < 8:
                 raise EOFError
@@ -248,18 +208,9 @@ class Remote:
         return death(returncode, bytes(self.stderr[self.mark :]))
 
     def close(self) -> None:
-        """End the process and the spare."""
-        _end(self.process)
-        _end(self._spare and self._spare[0])
-        self._spare = None
-
-
-def _end(process) -> None:
-    """End a runner, if it runs: its stdin closed (a runner ends at that), else killed."""
-    if process is not None and process.poll() is None:
-        with contextlib.suppress(OSError):
-            process.stdin.close()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
+        if self.process is not None and self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)

@@ -448,13 +448,6 @@ class Runner:
             answer["result"] = pack_result(result, {}, "result")
         return answer, out
 
-    def op_warm(self, request, tensors):
-        """The CUDA context created before the first call needs it (the judge asks as the process
-        starts); a failure is left for the calls to meet, as it would be without this."""
-        with contextlib.suppress(Exception):
-            torch.empty(1, device="cuda")
-        return {}, {}
-
     def op_health(self, request, tensors):
         return {"cuda_failed": _fresh_cuda_failure()}, {}
 
