@@ -59,11 +59,9 @@ def _start_zygote(kind: str) -> zygote.Zygote | None:
     if off or _stopped:
         return None
     if kind not in _zygotes:
-        lasting = _lasting().get(kind)
-        if lasting is not None and zygote.Adopted(kind, lasting).usable():
-            _zygotes[kind] = zygote.Adopted(kind, lasting)
-        else:  # none kept for us, or it is gone: one of this review's own
-            _zygotes[kind] = zygote.Zygote(kind, _probe_env())
+        kept = zygote.Adopted(kind, _lasting()[kind]) if kind in _lasting() else None
+        # None kept for us, or it is gone: one of this review's own
+        _zygotes[kind] = kept if kept and kept.usable() else zygote.Zygote(kind, _probe_env())
     return _zygotes[kind]
 
 

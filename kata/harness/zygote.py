@@ -239,7 +239,7 @@ class Adopted:
     def __init__(self, kind: str, name: str):
         self.kind, self.name = kind, name
 
-    def usable(self, timeout: float = 60) -> bool:
+    def usable(self) -> bool:
         """Whether it still listens (it ends with the process that keeps it)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
             try:
