@@ -47,9 +47,14 @@ CANDIDATE_MODULE = "candidate_attention_wrapper"
 # calls, past a wrapper that answers two with the kernel (tests/adversarial/call_counter.py).
 CHECKED_BEFORE = (1, 3)
 CHECKED_AFTER = (1, 3)  # after every case that did not fail
-# Their sequence lengths (batch 1 to 3, head dim 64): odd, so never a probe's own shape, and no
-# (batch, length) twice in a process; a cache keyed by shape shows where a probe repeats one.
-CHECKED_LENGTHS = (1, 159)
+# Their shapes (head dim 64): half the time one of the probes' own supported (batch, length), else
+# any up to (4, 256). The first before a process's first probe call takes that call's shape (one
+# of the probes' own if the kernel does not support it), and the first after a case the case's.
+# Nothing in a call's shape tells a checked call from a probe's own, so a wrapper that counts or
+# caches by shape meets the checked calls too (tests/adversarial/shape_keyed_counter.py counted
+# only even lengths when every checked length was odd).
+PROBE_SHAPES = ((2, 32), (2, 64), (2, 128), (2, 256), (4, 256))
+CHECKED_SIZES = (4, 256)  # batch and length at most
 FRESH_RUNNERS = 12  # runners a probe may start after crashes before it stops
 
 
@@ -91,11 +96,11 @@ class ProbeContext:
         # inputs (a seed gives the same cases whatever the checked calls did).
         self.schedule = random.Random(f"{self.seed}/{self.probe}")
         self.checked_data = torch.Generator().manual_seed(self.seed + 1)
-        self._checked_shapes: set[tuple[int, int]] = set()  # in this runner
 
-    def load(self, module: str = CANDIDATE_MODULE, chdir: Path | None = None) -> None:
+    def load(self, module: str = CANDIDATE_MODULE, chdir: Path | None = None, upcoming=()) -> None:
         """Import the implementation in its process (once per module name and process); the
-        wrapper's first import in a process is followed by a few checked calls."""
+        wrapper's first import in a process is followed by a few checked calls, the first of the
+        `upcoming` call's shape where the kernel supports it."""
         if module in self._loaded:
             return
         request = {"op": "load", "module": module, "chdir": str(chdir) if chdir else None}
@@ -104,21 +109,27 @@ class ProbeContext:
             raise ImplementationImportError(reply["import_error"])
         self._loaded.add(module)
         case, count = self.case, self.schedule.randint(*CHECKED_BEFORE)
-        if failure := self.checked_calls(count, "before the probe's own", module):
+        first = _supported_shape(upcoming) or self.schedule.choice(PROBE_SHAPES)
+        if failure := self.checked_calls(count, "before the probe's own", module, first):
             self.broken.append(failure)
             self.report_failure(failure)
         if case is not None and count:  # a crash from here on is the probe's case's
             self.report_case(case)
 
-    def checked_after(self, name: str, module: str = CANDIDATE_MODULE) -> str | None:
-        """The checked calls that follow a probe's call `name`: None, or the first failure."""
-        return self.checked_calls(self.schedule.randint(*CHECKED_AFTER), f"after '{name}'", module)
+    def checked_after(self, name: str, module: str = CANDIDATE_MODULE, inputs=()) -> str | None:
+        """The checked calls that follow a probe's call `name` on `inputs` (the first of their
+        shape where the kernel supports it): None, or the first failure."""
+        count, first = self.schedule.randint(*CHECKED_AFTER), _supported_shape(inputs)
+        return self.checked_calls(count, f"after '{name}'", module, first)
 
-    def checked_calls(self, count: int, when: str, module: str = CANDIDATE_MODULE) -> str | None:
-        """`count` supported calls on fresh data: None when every answer is right (and the
-        vendor kernel's, for a candidate's wrapper), else the first failure."""
-        for _ in range(count):
-            batch, length = self._fresh_shape()
+    def checked_calls(
+        self, count: int, when: str, module: str = CANDIDATE_MODULE, first=None
+    ) -> str | None:
+        """`count` supported calls on fresh data, the first of shape `first` if given: None when
+        every answer is right (and the vendor kernel's, for a candidate's wrapper), else the first
+        failure."""
+        for index in range(count):
+            batch, length = first if first and index == 0 else self._checked_shape()
             name = f"a checked ({batch}, {length}, 64) float32 call {when}"
             self.report_case(name)
             inputs = tuple(
@@ -137,14 +148,11 @@ class ProbeContext:
                 return failure
         return None
 
-    def _fresh_shape(self) -> tuple[int, int]:
-        if len(self._checked_shapes) >= 3 * len(range(*CHECKED_LENGTHS, 2)):
-            self._checked_shapes.clear()  # every shape used: a repeat cannot be helped
-        while True:
-            shape = self.schedule.randint(1, 3), self.schedule.randrange(*CHECKED_LENGTHS, 2)
-            if shape not in self._checked_shapes:
-                self._checked_shapes.add(shape)
-                return shape
+    def _checked_shape(self) -> tuple[int, int]:
+        if self.schedule.random() < 0.5:
+            return self.schedule.choice(PROBE_SHAPES)
+        most_batch, most_length = CHECKED_SIZES
+        return self.schedule.randint(1, most_batch), self.schedule.randint(1, most_length)
 
     def fresh_runner(self, why: str) -> None:
         """End the runner (dead, or with a poisoned CUDA context): the next call starts a fresh
@@ -155,11 +163,10 @@ class ProbeContext:
         self.remote.close()
         self.remote.process = None  # Remote.request starts the next one
         self._loaded.clear()
-        self._checked_shapes.clear()
 
     def call(self, inputs, *, module: str = CANDIDATE_MODULE, op="call", **options) -> Answer:
         """One call of the implementation on `inputs`; what it returned or raised."""
-        self.load(module)
+        self.load(module, upcoming=inputs)
         tensors = {}
         specs = pack_all(tensors, "in", inputs)
         reply, received = self.remote.request(
@@ -183,6 +190,20 @@ class ProbeContext:
                 *shape, dtype=dtype, generator=self.generator, kv_len=kv_len
             )
         )
+
+
+def _supported_shape(inputs) -> tuple[int, int] | None:
+    """(batch, length) of a call the vendor kernel supports in shape (three alike 3-D tensors of
+    head dim 64) and small enough for a checked call; None for any other."""
+    shapes = {tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in inputs}
+    if len(inputs) != 3 or len(shapes) != 1:
+        return None
+    [shape] = shapes
+    if shape is None or len(shape) != 3 or shape[2] != 64:
+        return None
+    batch, length, _ = shape
+    fits = 1 <= batch <= CHECKED_SIZES[0] and 1 <= length <= CHECKED_SIZES[1]
+    return (batch, length) if fits else None
 
 
 @dataclass
@@ -292,7 +313,7 @@ def judge(ctx: ProbeContext, case: Case) -> Outcome:
     failure, note = _judge(ctx, case)
     if failure is None:
         try:
-            failure = ctx.checked_after(case.name)
+            failure = ctx.checked_after(case.name, inputs=case.inputs)
         except RunnerStopped as stop:
             ctx.fresh_runner(str(stop))
             failure = f"a checked call after '{case.name}': {stop}"

@@ -227,7 +227,7 @@ def _gradient_errors(ctx, inputs, *, compiled=False) -> list[str]:
     weight = ctx.inputs(*inputs[0].shape)[0]
     tensors = {"weight": weight.cpu()}
     specs = pack_all(tensors, "in", inputs)
-    ctx.load()
+    ctx.load(upcoming=inputs)
     reply, received = ctx.remote.request(
         {"op": "gradients", "inputs": specs, "compile": compiled}, tensors
     )
@@ -297,8 +297,8 @@ def probe_library_path(ctx: ProbeContext) -> Verdict:
     ctx.report_case("import and call from another working directory")
     (home / "elsewhere").mkdir()
     try:
-        ctx.load("wrapper_imported_elsewhere", chdir=home / "elsewhere")
         inputs = ctx.inputs(2, 64, 64)
+        ctx.load("wrapper_imported_elsewhere", chdir=home / "elsewhere", upcoming=inputs)
         answer = ctx.call(inputs, module="wrapper_imported_elsewhere")
         if answer.error is not None:
             failures.append(
@@ -309,7 +309,7 @@ def probe_library_path(ctx: ProbeContext) -> Verdict:
             if failure := (
                 overwritten(name, answer)
                 or wrong_answer(ctx, name, answer.result, inputs)
-                or ctx.checked_after(name, module="wrapper_imported_elsewhere")
+                or ctx.checked_after(name, module="wrapper_imported_elsewhere", inputs=inputs)
             ):
                 failures.append(failure)
     except ImplementationImportError as error:
