@@ -336,11 +336,13 @@ def _watch(args) -> int:
                     banner = f"{rule} {stamp}  saved: {', '.join(saved)} {rule}"
                     print("\n" + style.paint(banner, "2"), flush=True)
                 before = snapshot(directory)
-                if harness != (harness := snapshot(REPO_ROOT / "kata")):
+                sources = snapshot(REPO_ROOT / "kata")
+                if sources != harness:
                     # Torch imported once for every save, not once per check: the zygotes are
                     # kept here (started again when kata/ itself changed).
                     isolation.close_zygotes()
                     env.update(isolation.lasting_zygotes())
+                    harness = sources
                 failing_file.unlink(missing_ok=True)
                 order = ["--first", ",".join(failing)] if failing else []
                 this_run = [*command, *order, "--failing-to", str(failing_file)]
