@@ -47,14 +47,15 @@ CANDIDATE_MODULE = "candidate_attention_wrapper"
 # calls, past a wrapper that answers two with the kernel (tests/adversarial/call_counter.py).
 CHECKED_BEFORE = (1, 3)
 CHECKED_AFTER = (1, 3)  # after every case that did not fail
-# Their shapes (head dim 64): half the time one of the probes' own supported (batch, length), else
-# any up to (4, 256). The first before a process's first probe call takes that call's shape (one
-# of the probes' own if the kernel does not support it), and the first after a case the case's.
-# Nothing in a call's shape tells a checked call from a probe's own, so a wrapper that counts or
-# caches by shape meets the checked calls too (tests/adversarial/shape_keyed_counter.py counted
-# only even lengths when every checked length was odd).
-PROBE_SHAPES = ((2, 32), (2, 64), (2, 128), (2, 256), (4, 256))
-CHECKED_SIZES = (4, 256)  # batch and length at most
+# Their shapes (head dim 64): half the time one of the (batch, length) most probe calls take, else
+# any up to (3, 160). The first before a process's first probe call takes that call's shape (up
+# to (4, 256); else one of PROBE_SHAPES), and the first after a case the case's. Nothing in a
+# call's shape tells a checked call from a probe's own, so a wrapper that counts or caches by
+# shape meets the checked calls too (tests/adversarial/shape_keyed_counter.py counted only even
+# lengths when every checked length was odd). Larger random ones cost the CPU suite minutes.
+PROBE_SHAPES = ((2, 32), (2, 64), (2, 128))
+RANDOM_SIZES = (3, 160)  # batch and length at most, for the rest
+LARGEST_FIRST = (4, 256)  # a call's own shape, taken by the checked call next to it, at most
 FRESH_RUNNERS = 12  # runners a probe may start after crashes before it stops
 
 
@@ -151,7 +152,7 @@ class ProbeContext:
     def _checked_shape(self) -> tuple[int, int]:
         if self.schedule.random() < 0.5:
             return self.schedule.choice(PROBE_SHAPES)
-        most_batch, most_length = CHECKED_SIZES
+        most_batch, most_length = RANDOM_SIZES
         return self.schedule.randint(1, most_batch), self.schedule.randint(1, most_length)
 
     def fresh_runner(self, why: str) -> None:
@@ -202,7 +203,7 @@ def _supported_shape(inputs) -> tuple[int, int] | None:
     if shape is None or len(shape) != 3 or shape[2] != 64:
         return None
     batch, length, _ = shape
-    fits = 1 <= batch <= CHECKED_SIZES[0] and 1 <= length <= CHECKED_SIZES[1]
+    fits = 1 <= batch <= LARGEST_FIRST[0] and 1 <= length <= LARGEST_FIRST[1]
     return (batch, length) if fits else None
 
 
