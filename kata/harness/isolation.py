@@ -36,7 +36,7 @@ _zygotes: dict[str, zygote.Zygote | zygote.Adopted] = {}  # "judge", "runner": o
 LASTING = "KATA_ZYGOTES"  # "judge=NAME,runner=NAME": zygotes another process keeps (watch)
 
 
-def _zygote(kind: str) -> zygote.Zygote | None:
+def _zygote(kind: str) -> zygote.Zygote | zygote.Adopted | None:
     """The review's zygote of this kind, started on first use, once it is ready; None where
     zygotes are off or this one could not start (each probe then starts fresh interpreters,
     slower but the same)."""
@@ -53,7 +53,7 @@ def start_zygotes() -> None:
             _start_zygote(kind)
 
 
-def _start_zygote(kind: str) -> zygote.Zygote | None:
+def _start_zygote(kind: str) -> zygote.Zygote | zygote.Adopted | None:
     """Under _running_lock: the zygote of this kind, started if it is not yet."""
     off = os.environ.get("KATA_ZYGOTE", "").strip().lower() in ("off", "0", "no", "false")
     if off or _stopped:
