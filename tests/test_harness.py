@@ -21,7 +21,7 @@ import torch
 
 from kata import FLAWED_DIR, REPO_ROOT, KataError
 from kata.harness import review as review_module
-from kata.harness.catalog import CATALOG
+from kata.harness.catalog import CATALOG, Need
 from kata.harness.hints import next_hint
 from kata.harness.probes import PROBES
 from kata.harness.remote import MAX_ANSWER_BYTES, Remote, RunnerStopped
@@ -624,6 +624,17 @@ def test_big_memory_probes_take_turns(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(review_module, "free_gpu_bytes", lambda: next(readings))
     with review_module.big_memory_turn(patience=5) as cannot:
         assert cannot is None
+    assert "waits for 60 GB of GPU memory to be free (30 GB now)" in capfd.readouterr().err
+
+
+def test_only_a_gpu_too_small_skips_big_memory_before_the_turn():
+    """Free memory at the review's start is not the verdict: other reviews' probes hold it for a
+    moment. Only a GPU with too little memory in all skips int32-sizes before its turn."""
+    flaw = next(flaw for flaw in CATALOG if Need.BIG_MEMORY in flaw.needs)
+    busy_h100 = review_module.Machine("H100", "cuda", 1, 20 * 2**30, 79 * 2**30)
+    assert busy_h100.skip_reason(flaw) is None
+    small = review_module.Machine("L4", "cuda", 1, 22 * 2**30, 22 * 2**30)
+    assert small.skip_reason(flaw) == "needs about 60 GB of GPU memory; this GPU has 22 GB"
 
 
 GUARD_CHECK = """

@@ -33,7 +33,8 @@ def machine_facts() -> dict:
         return {"gpu_count": 0}
     count = torch.cuda.device_count()
     name = torch.cuda.get_device_name(0)
-    return {"gpu_count": count, "name": name, "free_bytes": torch.cuda.mem_get_info(0)[0]}
+    free_bytes, total_bytes = torch.cuda.mem_get_info(0)
+    return {"gpu_count": count, "name": name, "free_bytes": free_bytes, "total_bytes": total_bytes}
 
 
 def main(spec_json: str) -> None:

@@ -51,6 +51,7 @@ class Machine:
     probe_device: str  # where probe inputs live: "cuda" or "cpu"
     gpu_count: int
     free_gpu_bytes: int
+    total_gpu_bytes: int
 
     @classmethod
     def detect(cls) -> Machine:
@@ -62,17 +63,21 @@ class Machine:
             facts = facts_here()
         count = facts["gpu_count"]
         if not count:
-            return cls("cpu", "cpu", 0, 0)
+            return cls("cpu", "cpu", 0, 0, 0)
         name = facts["name"] + (f" x{count}" if count > 1 else "")
-        return cls(name, "cuda", count, facts["free_bytes"])
+        return cls(name, "cuda", count, facts["free_bytes"], facts["total_bytes"])
 
     def skip_reason(self, flaw: Flaw) -> str | None:
         if Need.CUDA in flaw.needs and self.gpu_count == 0:
             return "needs a CUDA GPU; torch sees none on this machine"
         if Need.TWO_GPUS in flaw.needs and self.gpu_count < 2:
             return f"needs two CUDA GPUs; this machine has {self.gpu_count}"
-        if Need.BIG_MEMORY in flaw.needs and self.free_gpu_bytes < BIG_MEMORY_BYTES:
-            return _too_little_memory(self.free_gpu_bytes)
+        # Only a GPU too small skips here. Memory that other reviews' probes hold for now is
+        # waited for in big_memory_turn: skipped at the start, two reviews side by side on one
+        # H100 (60 GB of its 79 free for a moment) skipped int32-sizes.
+        if Need.BIG_MEMORY in flaw.needs and self.total_gpu_bytes < BIG_MEMORY_BYTES:
+            has = self.total_gpu_bytes / 2**30
+            return f"needs about 60 GB of GPU memory; this GPU has {has:.0f} GB"
         return None
 
 
@@ -109,10 +114,19 @@ def big_memory_turn(patience: float):
                     said = True
                 time.sleep(0.2)
         # Other reviews' probes hold GPU memory for seconds at a time: wait for them, as above.
+        said = False
         while (free := free_gpu_bytes()) < BIG_MEMORY_BYTES:
             if time.monotonic() > deadline:
                 yield _too_little_memory(free)
                 return
+            if not said:
+                print(
+                    "kata: int32-sizes waits for 60 GB of GPU memory to be free"
+                    f" ({free / 2**30:.0f} GB now)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                said = True
             time.sleep(1)
         yield None
 
