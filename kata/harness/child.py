@@ -48,9 +48,9 @@ def main(spec_json: str) -> None:
     from kata.harness.probes import PROBES, ProbeContext
     from kata.harness.remote import Remote, RunnerStopped
 
-    def report_case(name: str) -> None:
+    def report_case(name: str, lane: int) -> None:
         os.write(2, f"\n{STDERR_MARK} {name}\n".encode())
-        emit({"case": name})
+        emit({"case": name, "lane": lane})
 
     runner = spec["runner"]
     env = dict(os.environ, **runner["env"])
@@ -69,6 +69,7 @@ def main(spec_json: str) -> None:
         probe=spec["probe"],
         report_case=report_case,
         report_failure=lambda text: emit({"failure": text}),
+        report_lane_done=lambda lane: emit({"lane_done": lane}),
         planted_library=Path(spec["planted_library"]) if spec.get("planted_library") else None,
         kernel=kernel,
     )

@@ -217,8 +217,7 @@ def run_isolated(
                 _running.discard(process)
     returncode = process.returncode
     messages = _messages(stdout)
-    cases = [m["case"] for m in messages if "case" in m]
-    last_case = cases[-1] if cases else None
+    last_case = _last_open_case(messages)
     during = f" during case '{last_case}'" if last_case else ""
     verdicts = [m["verdict"] for m in messages if "verdict" in m]
     if len(verdicts) == 1 and returncode == 0 and not timed_out:
@@ -240,6 +239,20 @@ def run_isolated(
     else:
         end = endings.death(returncode, stderr) + during
     return ProbeResult("present", "; ".join([*found, end]), last_case)
+
+
+def _last_open_case(messages: list[dict]) -> str | None:
+    """The case the judge reported last in a lane that had not finished (judging.judge_cases):
+    where a probe that ran out of time or died was. Lane 0 is the probe's own."""
+    open_cases: dict[int, str] = {}
+    for message in messages:
+        if "case" in message:
+            lane = message.get("lane", 0)
+            open_cases.pop(lane, None)  # reinserted: dicts keep the order of insertion
+            open_cases[lane] = message["case"]
+        elif "lane_done" in message:
+            open_cases.pop(message["lane_done"], None)
+    return next(reversed(open_cases.values()), None)
 
 
 def _runner(implementation: Implementation, scratch: Path, cwd: Path) -> dict:

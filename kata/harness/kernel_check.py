@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ class VendorKernel:
         self.device_type = device_type  # "cuda" for the CUDA build, "cpu" for the CPU build
         self.checked = 0  # supported calls compared with the kernel
         self.bypassed: list[str] = []  # the cases whose answer was not the kernel's
+        self._lock = threading.Lock()  # judging.judge_cases' lanes judge at the same time
 
     def supports(self, inputs) -> bool:
         """Whether the shipped kernel computes these inputs as they are."""
@@ -78,8 +80,9 @@ class VendorKernel:
         answer), else the failure to report."""
         if not self.supports(inputs):
             return None
-        self.checked += 1
-        expected = self.output(inputs)
+        with self._lock:
+            self.checked += 1
+            expected = self.output(inputs)
         same = (
             isinstance(result, torch.Tensor)
             and result.dtype == expected.dtype
@@ -88,7 +91,8 @@ class VendorKernel:
         )
         if same:
             return None
-        self.bypassed.append(name)
+        with self._lock:
+            self.bypassed.append(name)
         return (
             f"{name}: the answer {BYPASSED} (not bit-identical to the shipped kernel's output "
             "on the same inputs, which it supports)"

@@ -27,6 +27,7 @@ from kata.harness.judging import (
     dtype_name,
     first_line,
     judge,
+    judge_cases,
     kernel_failure,
     names_problem,
     overwritten,
@@ -170,7 +171,7 @@ def probe_device(ctx: ProbeContext) -> Verdict:
             name = f"{stray} {argument}, {home} others"
             mentions = (argument, *DEVICE_WORDS)
             cases.append(Case(name, tuple(inputs), mentions, frozenset({argument}), defined=False))
-    outcomes = [judge(ctx, case) for case in cases]
+    outcomes = judge_cases(ctx, cases)  # on a GPU each case ends its runner: in lanes
     return verdict(ctx, outcomes, control=valid_call_works(ctx), per_argument=True)
 
 

@@ -134,6 +134,10 @@ class Remote:
         self.stderr = bytearray()
         self.mark = 0  # where the current request's stderr begins
 
+    def twin(self) -> Remote:
+        """Another runner like this one (not started yet), for cases judged beside its own."""
+        return Remote(self.command, self.cwd, self.env, self.signal_exits, self.fork_request)
+
     def _start(self) -> None:
         if self.fork_request is not None:
             request = dict(self.fork_request)
