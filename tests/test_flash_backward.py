@@ -271,6 +271,72 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
     assert names and not main_kernels(names), f"deterministic mode: launched {names}"
 
 
+GQA_CASES = [(2, 130, 200), (1, 64, 63), (2, 300, 300)]  # (K/V heads of 8, L, S)
+
+
+def gqa_reference(q, k, v, grad, scale, causal):
+    """float64 output and gradients with K and V repeated for each query head: each K/V head's
+    gradient is the sum over the query heads that read it."""
+    group = q.shape[-3] // k.shape[-3]
+    q64, k64, v64 = (t.detach().to("cpu", torch.float64).requires_grad_(True) for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q64,
+        k64.repeat_interleave(group, dim=-3),
+        v64.repeat_interleave(group, dim=-3),
+        scale=scale,
+        is_causal=causal,
+    )
+    out.backward(grad.detach().to("cpu", torch.float64))
+    return out.detach(), q64.grad, k64.grad, v64.grad
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed, dtype, causal):
+    """GQA and MQA (8 query heads on 2 K/V heads, and on 1): forward and backward on the
+    tensor-core kernels, reading the shared K/V head (never a repeated copy); the output and dQ,
+    dK, dV against float64, each K/V head's gradient the sum over its query heads."""
+    generator = torch.Generator().manual_seed(seed)
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    expected = (
+        ("flash_forward_sm90_kernel", SM90_BACKWARD_KERNEL)
+        if hopper
+        else ("flash_forward_kernel", BACKWARD_KERNEL)
+    )
+    for head_dim in HEAD_DIMS:
+        scale = 1.0 / math.sqrt(head_dim)
+        for kv_heads, len_q, len_kv in GQA_CASES:
+            q = randn((2, 8, len_q, head_dim), dtype, generator)
+            k, v = (randn((2, kv_heads, len_kv, head_dim), dtype, generator) for _ in range(2))
+            grad = randn(q.shape, dtype, generator)
+            where = (
+                f"{dtype_id(dtype)} q{list(q.shape)} kv{list(k.shape)} causal={causal}; "
+                f"{replay(seed)}"
+            )
+            ops = torch.ops.fixed_attention
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CUDA]
+            ) as profile:
+                out, lse = ops.attention_forward(q, k, v, scale, causal, None, True)
+                poison_allocator((k.shape, k.dtype), (v.shape, v.dtype))
+                grads = ops.attention_backward(grad, q, k, v, out, lse, scale, causal, None, True)
+                torch.cuda.synchronize()
+            names = [e.name for e in profile.events() if "kernel" in e.name]
+            for kernel in expected:
+                with check:
+                    assert not names or any(kernel in name for name in names), (
+                        f"{kernel} did not run: launched {names}; {where}"
+                    )
+            reference = gqa_reference(q, k, v, grad, scale, causal)
+            answers = zip(("out", "dq", "dk", "dv"), (out, *grads), reference, strict=True)
+            for name, got, ref in answers:
+                with check:
+                    assert got.shape == ref.shape, f"{name} {list(got.shape)}: {where}"
+                error = relative_error(got, ref)
+                with check:
+                    assert error <= TOLERANCE[dtype], f"{name} relative error {error:.2e}: {where}"
+
+
 def test_hopper_images_hold_the_wgmma_backward(fixed):
     """As test_flash_forward.py's test of the forward: a build with code for compute capability
     9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all four
@@ -323,6 +389,12 @@ SANITIZER_SCRIPT = textwrap.dedent(
             for n in (len_q, len_kv, len_kv)
         )
         fixed.fast_attention(q, k, v, is_causal=causal).sum().backward()
+    # GQA: 6 query heads on 2 K/V heads, each read by 3 (dK and dV per query head, then summed).
+    q, k, v = (
+        torch.randn(2, h, n, 64, generator=generator).to("cuda", torch.bfloat16).requires_grad_()
+        for h, n in ((6, 150), (2, 200), (2, 200))
+    )
+    fixed.fast_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
     torch.cuda.synchronize()
     print("sanitizer script done")
     """

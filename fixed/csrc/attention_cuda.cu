@@ -21,6 +21,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraphsUtils.cuh>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -152,8 +153,8 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
     // The fastest kernel that covers the case: Hopper's wgmma one (compute capability 9.0),
-    // the mma.sync one (both for half/bfloat16 at head dim 64 or 128, no mask, dropout, GQA or
-    // Ev != E), the generic one. Each launcher declines what it does not cover, having
+    // the mma.sync one (both for half/bfloat16 at head dim 64 or 128, no mask, dropout or
+    // Ev != E; GQA included), the generic one. Each launcher declines what it does not cover, having
     // launched nothing; either way exactly one launch, checked below.
     const auto* q_ptr = cuda_ptr<scalar_t>(q);
     const auto* k_ptr = cuda_ptr<scalar_t>(k);
@@ -214,7 +215,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_backward_cuda", [&] {
     // The tensor-core backward where it covers the case (half/bfloat16, head dim 64 or 128, no
-    // mask, dropout, GQA or Ev != E); its float32 workspace comes from the caching allocator, on
+    // mask, dropout or Ev != E); its float32 workspace comes from the caching allocator, on
     // this device and stream. Its dQ sums by float atomics, in no fixed order: under
     // torch.use_deterministic_algorithms(True) the generic kernels (one thread per element, GQA's
     // dK and dV summed in a fixed order) answer instead.
@@ -227,14 +228,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
       at::Tensor row_stats = at::empty({2, shape.batch, workspace_rows}, f32);  // lse, delta
       at::Tensor dq_accum = at::empty({shape.batch, workspace_rows, shape.head_dim}, f32);
       float* const lse_log2 = row_stats.mutable_data_ptr<float>();
+      // Under GQA these kernels write dK and dV per query head, (B, S, E): each K/V head's
+      // gradient is then the sum over its kv_group query heads, one reduction (as
+      // FlashAttention-2 does), instead of atomics on a shared dK.
+      const int64_t group = shape.kv_group;
+      at::Tensor dk_per_head = group > 1 ? at::empty({shape.batch, shape.len_kv, shape.head_dim},
+                                                     query.options())
+                                         : grad_key;
+      at::Tensor dv_per_head = group > 1 ? at::empty({shape.batch, shape.len_kv, shape.head_dim_v},
+                                                     query.options())
+                                         : grad_value;
       const bool launched = kernels::launch_flash_backward(
           cuda_ptr<scalar_t>(dout), cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
           cuda_ptr<scalar_t>(v), cuda_ptr<scalar_t>(out), lse.const_data_ptr<float>(), lse_log2,
           lse_log2 + shape.batch * workspace_rows, dq_accum.mutable_data_ptr<float>(),
-          cuda_mutable_ptr<scalar_t>(grad_query), cuda_mutable_ptr<scalar_t>(grad_key),
-          cuda_mutable_ptr<scalar_t>(grad_value), problem, stream);
+          cuda_mutable_ptr<scalar_t>(grad_query), cuda_mutable_ptr<scalar_t>(dk_per_head),
+          cuda_mutable_ptr<scalar_t>(dv_per_head), problem, stream);
       if (launched) {
         C10_CUDA_KERNEL_LAUNCH_CHECK();
+        if (group > 1) {  // on the current stream, as every ATen op here
+          const int64_t kv_items = shape.batch / group;
+          at::Tensor dk = grad_key.view({kv_items, shape.len_kv, shape.head_dim});
+          at::Tensor dv = grad_value.view({kv_items, shape.len_kv, shape.head_dim_v});
+          at::sum_out(dk, dk_per_head.view({kv_items, group, shape.len_kv, shape.head_dim}), 1);
+          at::sum_out(dv, dv_per_head.view({kv_items, group, shape.len_kv, shape.head_dim_v}),
+                      1);
+        }
         return;
       }
     }

@@ -1,7 +1,8 @@
 // FlashAttention-2-style backward for half and bfloat16 on tensor cores (mma.sync m16n8k16,
 // ldmatrix, cp.async: sm_80 and later), head dims 64 and 128. The launcher at the bottom
 // returns false, launching nothing, for every case it does not cover (float32, other head dims,
-// Ev != E, GQA, a mask, dropout, tensors not 16-byte aligned, no sm_80+ image for the device);
+// Ev != E, a mask, dropout, tensors not 16-byte aligned, no sm_80+ image for the device; GQA it
+// takes, with dK and dV per query head for the caller to sum);
 // the caller then runs the generic kernels of attention_kernels.cuh, which compute the same
 // gradients. On Hopper (compute capability 9.0) flash_backward_sm90.cuh (wgmma) is tried
 // first; it reuses the prologue and dq kernels here, and its main kernel runs
@@ -306,7 +307,8 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
-    const int64_t kv_b = b * S * D;
+    const int64_t kv_b = b * S * D;  // where dK and dV go: per batch item, also under GQA
+    const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
     const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
     // Fits an int: L rows of D 2-byte elements are in device memory.
@@ -314,8 +316,8 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
 
     // Prologue: K, V of this key block (one group), then Q, dO, lse, delta of the first query
     // block (another), so that the K and V fragments can be taken while the second is in flight.
-    load_tile<F, BN>(k_tile, k + kv_b + n0 * D, S - n0, tid);
-    load_tile<F, BN>(v_tile, v + kv_b + n0 * D, S - n0, tid);
+    load_tile<F, BN>(k_tile, k + kv_read + n0 * D, S - n0, tid);
+    load_tile<F, BN>(v_tile, v + kv_read + n0 * D, S - n0, tid);
     cp_async_commit();
     if (n_iters > 0) {
       load_tile<F, BM>(q_tiles, q + (b * L + m_begin) * D, L - m_begin, tid);
@@ -649,7 +651,7 @@ template <typename T>
 bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
                      const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
                      T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
-  if (!is_plain(p)) {
+  if (!takes_tensor_cores(p)) {
     return false;
   }
   switch (p.head_dim) {
@@ -665,7 +667,7 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
 
 // Workspace rows for the head dims the kernel covers: whole query blocks of that variant.
 inline int64_t backward_rows(const AttentionProblem& p) {
-  if (!is_plain(p)) {
+  if (!takes_tensor_cores(p)) {
     return 0;
   }
   switch (p.head_dim) {
@@ -685,12 +687,13 @@ inline int64_t backward_rows(const AttentionProblem& p) {
 // workspace rows serve both: their query blocks are the same).
 //
 // flash_backward_rows: 0 when the tensor-core backward does not cover the case (dtype, head
-// dim, or not the plain problem: attention_kernels.cuh's is_plain); otherwise the rows (per
+// dim, or a problem it does not take: flash_common.cuh's takes_tensor_cores); otherwise the rows (per
 // batch item) of the float32 workspace the caller allocates before launch_flash_backward:
 // lse_log2 and delta (B, rows), dq_accum (B, rows, D), no zeroing needed.
 //
-// launch_flash_backward_mma_sync: contiguous (B, L, D) dout, q, out, dq; (B, S, D) k, v, dk,
-// dv; lse (B, L) float32 from the forward. Returns false, having launched nothing, when the case
+// launch_flash_backward_mma_sync: contiguous (B, L, D) dout, q, out, dq; (B / kv_group, S, D)
+// k, v; (B, S, D) dk, dv, per batch item (under GQA the caller sums each group's kv_group of
+// them); lse (B, L) float32 from the forward. Returns false, having launched nothing, when the case
 // is not covered (then the caller runs the generic backward kernels); true after the launches on
 // `stream`, which the caller then checks. Throws std::runtime_error if the shared-memory opt-in
 // fails, as the generic launchers do.

@@ -9,9 +9,10 @@
 // workspace by one bulk reduction instead of per-thread atomics: 1.2-1.3x more (v14).
 //
 // launch_flash_backward at the bottom is the glue's entry point: on a device of compute
-// capability 9.0 it takes bf16/fp16 at head dim 64 or 128 (the plain problem, 16-byte aligned
-// tensors) on this kernel, otherwise it calls flash_backward.cuh's launch_flash_backward_mma_sync
-// (which declines what neither covers: the caller then runs the generic kernels). The wgmma body
+// capability 9.0 it takes bf16/fp16 at head dim 64 or 128 (takes_tensor_cores: GQA included;
+// 16-byte aligned tensors) on this kernel, otherwise it calls flash_backward.cuh's
+// launch_flash_backward_mma_sync (which declines what neither covers: the caller then runs the
+// generic kernels). The wgmma body
 // exists only in an sm_90a image (fixed/_build.py compiles sm_90a wherever the arch list has
 // 9.0); in any other image this kernel runs flash_backward.cuh's mma.sync body
 // (flash_backward_cta) with that file's tiling of the same CTA shape (256 threads, 128 keys, the
@@ -247,14 +248,15 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
-    const int64_t kv_b = b * S * D;
+    const int64_t kv_b = b * S * D;  // where dK and dV go: per batch item, also under GQA
+    const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
     const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
     const int n_iters = m_begin < L ? static_cast<int>(ceil_div(L - m_begin, BM)) : 0;
 
     // K, V of this key block and Q, dO, lse, delta of the first query block: one group.
-    load_tile_sw128<F, BN>(k_tile, k + kv_b + n0 * D, S - n0, tid);
-    load_tile_sw128<F, BN>(v_tile, v + kv_b + n0 * D, S - n0, tid);
+    load_tile_sw128<F, BN>(k_tile, k + kv_read + n0 * D, S - n0, tid);
+    load_tile_sw128<F, BN>(v_tile, v + kv_read + n0 * D, S - n0, tid);
     if (n_iters > 0) {
       load_tile_sw128<F, BM>(q_tiles, q + (b * L + m_begin) * D, L - m_begin, tid);
       load_tile_sw128<F, BM>(do_tiles, dout + (b * L + m_begin) * D, L - m_begin, tid);
@@ -539,14 +541,15 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
   return true;
 }
 
-// The wgmma backward where it covers the case: bf16/fp16 (T), head dim 64 or 128, the plain
-// problem, compute capability 9.0, 16-byte aligned tensors. Otherwise false, nothing launched.
+// The wgmma backward where it covers the case: bf16/fp16 (T), head dim 64 or 128,
+// takes_tensor_cores, compute capability 9.0, 16-byte aligned tensors. Otherwise false, nothing launched.
 // The workspace: flash_backward_rows's rows (the query blocks are flash_backward.cuh's).
 template <typename T>
 bool backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,
               float* lse_log2, float* delta, float* dq_accum, T* dq, T* dk, T* dv,
               const AttentionProblem& p, cudaStream_t stream) {
-  if (!is_plain(p) || (p.head_dim != 64 && p.head_dim != 128) || !current_device_is_sm90()) {
+  if (!detail::takes_tensor_cores(p) || (p.head_dim != 64 && p.head_dim != 128) ||
+      !current_device_is_sm90()) {
     return false;
   }
   for (const void* pointer : {static_cast<const void*>(dout), static_cast<const void*>(q),

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "attention_kernels.cuh"  // AttentionProblem, value_dim
+
 namespace fixed_attention {
 namespace kernels {
 namespace flash {
@@ -161,6 +163,14 @@ __device__ __forceinline__ void red_add_f32x2(float* address, float a, float b) 
 }
 
 namespace detail {
+
+// The problems the tensor-core kernels take: Ev = E, no mask, no dropout; GQA included. Under
+// GQA batch item b reads K/V item b / kv_group (attention_kernels.cuh's kv_item), and the
+// backward writes dK and dV per batch item, for the glue to sum over each group: never a
+// repeated K or V.
+__host__ __device__ __forceinline__ bool takes_tensor_cores(const AttentionProblem& p) {
+  return value_dim(p) == p.head_dim && p.mask == nullptr && !(p.dropout_p > 0.f);
+}
 
 // The order of causal work items (the kernels' longest_first argument). Batch-major lets the
 // longest items of the last batch items start last and finish alone; longest first over the whole

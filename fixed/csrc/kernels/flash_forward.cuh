@@ -1,8 +1,8 @@
 // FlashAttention-2-style forward for half and bfloat16 on tensor cores (mma.sync m16n8k16,
 // ldmatrix, cp.async: sm_80 and later, Ampere and Hopper), head dims 64 and 128. The launchers
 // at the bottom return false, launching nothing, for every case they do not cover (float32,
-// other head dims, Ev != E, GQA, a mask, dropout, inputs not 16-byte aligned, no sm_80+ image
-// of the kernel for the device); the caller then runs the generic kernel of
+// other head dims, Ev != E, a mask, dropout, inputs not 16-byte aligned, no sm_80+ image of
+// the kernel for the device); GQA it takes, each query head reading its group's K and V. the caller then runs the generic kernel of
 // attention_kernels.cuh: the same function. On Hopper (compute capability 9.0) the caller tries
 // flash_forward_sm90.cuh (wgmma) first, which takes both head dims; its kernel runs
 // flash_forward_cta below in images without wgmma.
@@ -227,7 +227,8 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
     const int64_t b = longest_first ? item % p.batch : item / row_blocks;
     const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
     const int64_t m0 = (row_blocks - 1 - rank) * F::kBlockM;
-    const int64_t kv_b = b * S * D;  // batch item b's K and V, as an offset: one register pair
+    // Batch item b's K and V (under GQA, its group's), as an offset: one register pair
+    const int64_t kv_b = (b / p.kv_group) * S * D;
     // Keys this CTA's rows can see: causal rows m0..min(m0 + kBlockM, L) - 1 stop there.
     const int64_t key_end = p.causal ? min64(S, min64(m0 + F::kBlockM, L)) : S;
     // Fits an int: S keys of D 2-byte elements are in device memory, S / kBlockN < 2^31.
@@ -554,7 +555,7 @@ bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const Attent
 template <typename T>
 bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
              cudaStream_t stream) {
-  if (!is_plain(p)) {
+  if (!takes_tensor_cores(p)) {
     return false;
   }
   // 16-byte cp.async and stores: a contiguous tensor at an odd storage offset is not aligned.

@@ -6,8 +6,8 @@
 // memory, without the ldmatrix round trips through registers that mma.sync needs: at S = 4096
 // on an H200, 1.4x the mma.sync kernel at D = 128 and 1.06x at D = 64 (perf/NOTES.md, v11).
 //
-// The launcher takes bf16/fp16 at head dim 64 or 128 (the plain problem: attention_kernels.cuh's
-// is_plain) on a device of compute capability 9.0 and declines everything else (the caller
+// The launcher takes bf16/fp16 at head dim 64 or 128 (flash_common.cuh's takes_tensor_cores:
+// GQA included) on a device of compute capability 9.0 and declines everything else (the caller
 // then tries flash_forward.cuh). The wgmma body exists only in an sm_90a image
 // (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In any other image the
 // kernel runs flash_forward.cuh's mma.sync body with a tiling of the same CTA shape: slower,
@@ -148,7 +148,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
     const int64_t b = longest_first ? item % p.batch : item / row_blocks;
     const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
     const int64_t m0 = (row_blocks - 1 - rank) * kBlockM;
-    const int64_t kv_b = b * S * D;
+    const int64_t kv_b = (b / p.kv_group) * S * D;  // under GQA, its group's K and V
     const int64_t key_end = p.causal ? min64(S, min64(m0 + kBlockM, L)) : S;
     const int n_blocks = static_cast<int>(ceil_div(key_end, kBlockN));
 
@@ -377,7 +377,7 @@ bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const Attent
 template <typename T>
 bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
              cudaStream_t stream) {
-  if (!is_plain(p) || (p.head_dim != 64 && p.head_dim != 128) ||
+  if (!detail::takes_tensor_cores(p) || (p.head_dim != 64 && p.head_dim != 128) ||
       !current_device_is_sm90()) {
     return false;
   }
@@ -395,7 +395,7 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
 // The launchers the glue calls before launch_flash_forward, one overload per dtype, with its
 // arguments and contract: true when the case is taken (one launch on `stream`, or none for
 // empty work), false having launched nothing when it is not (float32, head dims other than 64
-// and 128, Ev != E, GQA, a mask, dropout, devices other than compute capability 9.0, misaligned
+// and 128, Ev != E, a mask, dropout, devices other than compute capability 9.0, misaligned
 // inputs).
 inline bool launch_flash_forward_sm90(const float*, const float*, const float*, float*, float*,
                                       const AttentionProblem&, cudaStream_t) {
