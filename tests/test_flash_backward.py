@@ -230,7 +230,7 @@ def kernels_launched(q, k, v, grad, causal=False):
 
 def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
     """bf16/fp16 with head dim 64 or 128 take the tensor-core backward (the wgmma kernel on
-    compute capability 9.0, the mma.sync one elsewhere); float32, other head dims, misaligned
+    compute capability 9.0, the mma.sync one elsewhere); float32, head dims over 128, misaligned
     inputs and deterministic mode take the generic one. Without this, a dispatch that always
     fell back would pass every result test above."""
     generator = torch.Generator().manual_seed(seed)
@@ -252,7 +252,7 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
                     )
     declined = {
         "float32 e64": make_inputs((2,), 100, 100, 64, torch.float32, generator),
-        "bfloat16 e96": make_inputs((2,), 100, 100, 96, torch.bfloat16, generator),
+        "bfloat16 e192": make_inputs((2,), 100, 100, 192, torch.bfloat16, generator),
         "float16 e64 misaligned": tuple(
             randn((2 * 100 * 64 + 1,), torch.float16, generator)[1:].view(2, 100, 64)
             for _ in range(4)
@@ -335,6 +335,51 @@ def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed
                 error = relative_error(got, ref)
                 with check:
                     assert error <= TOLERANCE[dtype], f"{name} relative error {error:.2e}: {where}"
+
+
+# (E, Ev) the tensor-core kernels do not take as they are: run at head dim 64 or 128 with zero
+# columns (attention_cuda.cu's padded_head_dim), the extra output and gradient columns cut off.
+PADDED_HEAD_DIMS = [(80, 80), (96, 96), (32, 32), (128, 64), (48, 80), (8, 16)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_other_head_dims_run_padded_on_the_tensor_cores(fixed, seed, dtype, causal):
+    """Head dims other than 64 and 128, and Ev != E: forward and backward on the tensor-core
+    kernels at the padded width; the output and dQ, dK, dV, in the caller's shapes, against
+    float64. Over 128 stays generic (test_the_tensor_core_backward_runs_where_it_should)."""
+    generator = torch.Generator().manual_seed(seed)
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    expected = (
+        ("flash_forward_sm90_kernel", SM90_BACKWARD_KERNEL)
+        if hopper
+        else ("flash_forward_kernel", BACKWARD_KERNEL)
+    )
+    ops = torch.ops.fixed_attention
+    for head_dim, head_dim_v in PADDED_HEAD_DIMS:
+        scale = 1.0 / math.sqrt(head_dim)
+        q, k = (randn((2, 3, n, head_dim), dtype, generator) for n in (130, 200))
+        v = randn((2, 3, 200, head_dim_v), dtype, generator)
+        grad = randn((2, 3, 130, head_dim_v), dtype, generator)
+        where = f"{dtype_id(dtype)} E={head_dim} Ev={head_dim_v} causal={causal}; {replay(seed)}"
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            out, lse = ops.attention_forward(q, k, v, scale, causal)
+            grads = ops.attention_backward(grad, q, k, v, out, lse, scale, causal)
+            torch.cuda.synchronize()
+        names = [e.name for e in profile.events() if "kernel" in e.name]
+        for kernel in expected:
+            with check:
+                assert not names or any(kernel in name for name in names), (
+                    f"{kernel} did not run: launched {names}; {where}"
+                )
+        reference = attention_with_grads(q, k, v, grad, scale=scale, causal=causal)
+        answers = zip(("out", "dq", "dk", "dv"), (out, *grads), reference, strict=True)
+        for name, got, ref in answers:
+            with check:
+                assert got.shape == ref.shape and got.is_contiguous(), f"{name}: {where}"
+            error = relative_error(got, ref)
+            with check:
+                assert error <= TOLERANCE[dtype], f"{name} relative error {error:.2e}: {where}"
 
 
 def test_hopper_images_hold_the_wgmma_backward(fixed):

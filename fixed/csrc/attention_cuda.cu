@@ -9,6 +9,7 @@
 // launch_flash_backward tries the wgmma backward, then flash_backward.cuh's); no torch includes
 // there, so nvcc can compile-check them without a GPU. Masks, grouped-query heads, Ev != E and
 // dropout run on the generic kernels; the tensor-core ones decline them.
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -20,6 +21,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraphsUtils.cuh>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
@@ -91,6 +93,28 @@ kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale
   return problem;
 }
 
+// The head dim at which a half/bfloat16 case runs on the tensor-core kernels (head dims 64 and
+// 128, Ev = E) when its own E and Ev are not such a pair: the narrower of 64 and 128 that holds
+// both, Q, K and V padded with zero columns. Zero columns add nothing to Q K^T, and V's give
+// output (and gradient) columns that are cut off: the same function, on tensor cores. 0 where the
+// case runs as it is, or stays on the generic kernels anyway (float32, a mask, dropout, a head
+// dim over 128).
+int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape, bool has_mask,
+                        double dropout_p) {
+  const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
+  const int64_t widest = std::max(shape.head_dim, shape.head_dim_v);
+  if (!half || has_mask || dropout_p > 0.0 || widest > 128) {
+    return 0;
+  }
+  const int64_t width = widest <= 64 ? 64 : 128;
+  return shape.head_dim == width && shape.head_dim_v == width ? 0 : width;
+}
+
+// `tensor` with zero columns appended up to `width` in its last dim: a new contiguous tensor.
+at::Tensor padded(const at::Tensor& tensor, int64_t width) {
+  return at::constant_pad_nd(tensor, {0, width - tensor.size(-1)}, 0);
+}
+
 // The dropout seed is a host value baked into the launch: a captured CUDA graph would replay the
 // same keep mask at every replay. Refused, as a RuntimeError, rather than silently repeated.
 void check_dropout_not_captured(double dropout_p) {
@@ -140,6 +164,14 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
     output.zero_();
     logsumexp.fill_(-std::numeric_limits<double>::infinity());
     return {output, logsumexp};
+  }
+  if (const int64_t width = padded_head_dim(query, shape, attn_mask.has_value(), dropout_p)) {
+    // The same problem at head dim `width` (the scale is the caller's, not 1/sqrt(width)).
+    auto [wide_output, wide_logsumexp] =
+        attention_forward_cuda(padded(query, width), padded(key, width), padded(value, width),
+                               scale, causal, std::nullopt, enable_gqa, 0.0, std::nullopt);
+    output.copy_(wide_output.narrow(-1, 0, shape.head_dim_v));
+    return {output, wide_logsumexp};
   }
 
   // The kernels index contiguous (B, L, E) memory: one copy for views (transposed, sliced,
@@ -203,6 +235,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   at::Tensor grad_query = at::empty(query.sizes(), query.options());  // (..., L, E)
   at::Tensor grad_key = at::empty(key.sizes(), key.options());        // (..., S, E)
   at::Tensor grad_value = at::empty(value.sizes(), value.options());  // (..., S, Ev)
+  // As the forward, at a padded head dim; not in deterministic mode, whose generic kernels take
+  // any head dim as it is.
+  const int64_t width = at::globalContext().deterministicAlgorithms()
+                            ? 0
+                            : padded_head_dim(query, shape, attn_mask.has_value(), dropout_p);
+  if (width > 0) {
+    auto [wide_dq, wide_dk, wide_dv] = attention_backward_cuda(
+        padded(grad_output, width), padded(query, width), padded(key, width),
+        padded(value, width), padded(output, width), logsumexp, scale, causal, std::nullopt,
+        enable_gqa, 0.0, std::nullopt);
+    grad_query.copy_(wide_dq.narrow(-1, 0, shape.head_dim));
+    grad_key.copy_(wide_dk.narrow(-1, 0, shape.head_dim));
+    grad_value.copy_(wide_dv.narrow(-1, 0, shape.head_dim_v));
+    return {grad_query, grad_key, grad_value};
+  }
   // One contiguous copy of each view, as in the forward.
   const at::Tensor dout = grad_output.contiguous();  // (B, L, Ev)
   const at::Tensor q = query.contiguous();           // (B, L, E)
