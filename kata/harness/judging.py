@@ -333,10 +333,14 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def case_lanes(count: int) -> int:
-    """How many runners `count` cases may use at once: $KATA_CASE_LANES, else up to 4 on a
-    machine of 8 cores or more, else 1 (on 2 cores a second runner only competes for them)."""
-    lanes = os.environ.get(LANES_ENV) or (4 if (os.cpu_count() or 1) >= 8 else 1)
-    return max(1, min(count, int(lanes)))
+    """How many runners `count` cases may use at once: $KATA_CASE_LANES where it is a positive
+    number, else up to 4 on a machine of 8 cores or more, else 1 (on 2 cores a second runner
+    only competes for them)."""
+    told = os.environ.get(LANES_ENV, "")
+    lanes = int(told) if told.isdigit() and int(told) > 0 else None
+    if lanes is None:
+        lanes = 4 if (os.cpu_count() or 1) >= 8 else 1
+    return max(1, min(count, lanes))
 
 
 def judge_cases(ctx: ProbeContext, cases: Sequence[Case]) -> list[Outcome]:
