@@ -102,8 +102,9 @@ class ProbeContext:
         self.report_case = report_case
         # The checked calls: where they fall, their sizes and their data, apart from the cases'
         # inputs (a seed gives the same cases whatever the checked calls did). Each lane has its
-        # own.
-        self.schedule = random.Random(f"{self.seed}/{self.probe}/{self.lane}")
+        # own; lane 0's are those of a probe without lanes.
+        lane = f"/lane {self.lane}" if self.lane else ""
+        self.schedule = random.Random(f"{self.seed}/{self.probe}{lane}")
         self.checked_data = torch.Generator().manual_seed(self.seed + 1 + 1000 * self.lane)
 
     def in_lane(self, lane: int) -> ProbeContext:
