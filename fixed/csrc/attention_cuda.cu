@@ -7,8 +7,9 @@
 // flash_forward.cuh and flash_backward.cuh (mma.sync, sm_80 and later) and
 // flash_forward_sm90.cuh and flash_backward_sm90.cuh (wgmma, Hopper; the latter's
 // launch_flash_backward tries the wgmma backward, then flash_backward.cuh's); no torch includes
-// there, so nvcc can compile-check them without a GPU. Masks, grouped-query heads, Ev != E and
-// dropout run on the generic kernels; the tensor-core ones decline them.
+// there, so nvcc can compile-check them without a GPU. Masks and dropout run on the generic
+// kernels (the tensor-core ones decline them); grouped-query heads run on the tensor-core
+// kernels, and so do other head dims and Ev != E up to 128, padded (padded_head_dim).
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -186,8 +187,8 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
     // The fastest kernel that covers the case: Hopper's wgmma one (compute capability 9.0),
     // the mma.sync one (both for half/bfloat16 at head dim 64 or 128, no mask, dropout or
-    // Ev != E; GQA included), the generic one. Each launcher declines what it does not cover, having
-    // launched nothing; either way exactly one launch, checked below.
+    // Ev != E; GQA included), the generic one. Each launcher declines what it does not cover,
+    // having launched nothing; either way exactly one launch, checked below.
     const auto* q_ptr = cuda_ptr<scalar_t>(q);
     const auto* k_ptr = cuda_ptr<scalar_t>(k);
     const auto* v_ptr = cuda_ptr<scalar_t>(v);

@@ -687,8 +687,8 @@ inline int64_t backward_rows(const AttentionProblem& p) {
 // workspace rows serve both: their query blocks are the same).
 //
 // flash_backward_rows: 0 when the tensor-core backward does not cover the case (dtype, head
-// dim, or a problem it does not take: flash_common.cuh's takes_tensor_cores); otherwise the rows (per
-// batch item) of the float32 workspace the caller allocates before launch_flash_backward:
+// dim, or a problem it does not take: flash_common.cuh's takes_tensor_cores); otherwise the
+// rows (per batch item) of the float32 workspace the caller allocates before launch_flash_backward:
 // lse_log2 and delta (B, rows), dq_accum (B, rows, D), no zeroing needed.
 //
 // launch_flash_backward_mma_sync: contiguous (B, L, D) dout, q, out, dq; (B / kv_group, S, D)

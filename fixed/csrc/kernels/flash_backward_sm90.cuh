@@ -542,7 +542,8 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
 }
 
 // The wgmma backward where it covers the case: bf16/fp16 (T), head dim 64 or 128,
-// takes_tensor_cores, compute capability 9.0, 16-byte aligned tensors. Otherwise false, nothing launched.
+// takes_tensor_cores, compute capability 9.0, 16-byte aligned tensors. Otherwise false,
+// nothing launched.
 // The workspace: flash_backward_rows's rows (the query blocks are flash_backward.cuh's).
 template <typename T>
 bool backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,

@@ -2,10 +2,10 @@
 // ldmatrix, cp.async: sm_80 and later, Ampere and Hopper), head dims 64 and 128. The launchers
 // at the bottom return false, launching nothing, for every case they do not cover (float32,
 // other head dims, Ev != E, a mask, dropout, inputs not 16-byte aligned, no sm_80+ image of
-// the kernel for the device); GQA it takes, each query head reading its group's K and V. the caller then runs the generic kernel of
-// attention_kernels.cuh: the same function. On Hopper (compute capability 9.0) the caller tries
-// flash_forward_sm90.cuh (wgmma) first, which takes both head dims; its kernel runs
-// flash_forward_cta below in images without wgmma.
+// the kernel for the device; GQA it takes, each query head reading its group's K and V); the
+// caller then runs the generic kernel of attention_kernels.cuh: the same function. On Hopper
+// (compute capability 9.0) the caller tries flash_forward_sm90.cuh (wgmma) first, which takes
+// both head dims; its kernel runs flash_forward_cta below in images without wgmma.
 //
 // No torch includes, so CI compile-checks this header on a machine without a GPU:
 //   nvcc -arch=sm_90 -x cu -c fixed/csrc/kernels/flash_forward.cuh -o /dev/null
