@@ -384,8 +384,8 @@ def test_other_head_dims_run_padded_on_the_tensor_cores(fixed, seed, dtype, caus
 
 def test_hopper_images_hold_the_wgmma_backward(fixed):
     """As test_flash_forward.py's test of the forward: a build with code for compute capability
-    9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all four
-    instances (two dtypes by two head dims)."""
+    9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all eight
+    instances (two dtypes by two head dims, with and without a mask or dropout)."""
     from fixed import _build
 
     cuobjdump = find_cuda_tool("cuobjdump")
@@ -407,7 +407,7 @@ def test_hopper_images_hold_the_wgmma_backward(fixed):
     functions = [
         part for part in sass.split("Function : ")[1:] if SM90_BACKWARD_KERNEL in part[:300]
     ]
-    assert len(functions) == 4, f"expected {SM90_BACKWARD_KERNEL} x 4 instances: {len(functions)}"
+    assert len(functions) == 8, f"expected {SM90_BACKWARD_KERNEL} x 8 instances: {len(functions)}"
     for function in functions:
         assert "HGMMA" in function, f"no HGMMA in {function.splitlines()[0]}"
 
@@ -440,6 +440,21 @@ SANITIZER_SCRIPT = textwrap.dedent(
         for h, n in ((6, 150), (2, 200), (2, 200))
     )
     fixed.fast_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+    # A boolean mask broadcast over heads (a row with every key hidden) with dropout, at a padded
+    # head dim; an additive mask read through a transposed view, with GQA.
+    q, k, v = (
+        torch.randn(2, 3, n, 80, generator=generator).to("cuda", torch.float16).requires_grad_()
+        for n in (150, 200, 200)
+    )
+    mask = torch.rand(2, 1, 150, 200, generator=generator) > 0.3
+    mask[:, :, 7] = False
+    fixed.fast_attention(q, k, v, attn_mask=mask.cuda(), dropout_p=0.2).sum().backward()
+    q, k, v = (
+        torch.randn(2, h, n, 128, generator=generator).to("cuda", torch.bfloat16).requires_grad_()
+        for h, n in ((4, 130), (2, 300), (2, 300))
+    )
+    mask = torch.randn(2, 4, 300, 130, generator=generator).cuda().transpose(-1, -2)
+    fixed.fast_attention(q, k, v, attn_mask=mask, enable_gqa=True).sum().backward()
     torch.cuda.synchronize()
     print("sanitizer script done")
     """

@@ -7,9 +7,9 @@
 // flash_forward.cuh and flash_backward.cuh (mma.sync, sm_80 and later) and
 // flash_forward_sm90.cuh and flash_backward_sm90.cuh (wgmma, Hopper; the latter's
 // launch_flash_backward tries the wgmma backward, then flash_backward.cuh's); no torch includes
-// there, so nvcc can compile-check them without a GPU. Masks and dropout run on the generic
-// kernels (the tensor-core ones decline them); grouped-query heads run on the tensor-core
-// kernels, and so do other head dims and Ev != E up to 128, padded (padded_head_dim).
+// there, so nvcc can compile-check them without a GPU. Half and bfloat16 run on the tensor-core
+// kernels with every SDPA argument (a mask, dropout, grouped-query heads), and so do other head
+// dims and Ev != E up to 128, padded (padded_head_dim); float32 and wider heads run generic.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -30,6 +30,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "kernels/attention_backward_kernels.cuh"
 #include "kernels/attention_kernels.cuh"
 #include "checks.h"
 #include "kernels/flash_backward_sm90.cuh"
@@ -97,14 +98,13 @@ kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale
 // The head dim at which a half/bfloat16 case runs on the tensor-core kernels (head dims 64 and
 // 128, Ev = E) when its own E and Ev are not such a pair: the narrower of 64 and 128 that holds
 // both, Q, K and V padded with zero columns. Zero columns add nothing to Q K^T, and V's give
-// output (and gradient) columns that are cut off: the same function, on tensor cores. 0 where the
-// case runs as it is, or stays on the generic kernels anyway (float32, a mask, dropout, a head
-// dim over 128).
-int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape, bool has_mask,
-                        double dropout_p) {
+// output (and gradient) columns that are cut off: the same function, on tensor cores (a mask
+// and dropout act on scores, which padding leaves as they are). 0 where the case runs as it is,
+// or stays on the generic kernels anyway (float32, a head dim over 128).
+int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape) {
   const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
   const int64_t widest = std::max(shape.head_dim, shape.head_dim_v);
-  if (!half || has_mask || dropout_p > 0.0 || widest > 128) {
+  if (!half || widest > 128) {
     return 0;
   }
   const int64_t width = widest <= 64 ? 64 : 128;
@@ -166,11 +166,12 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
     logsumexp.fill_(-std::numeric_limits<double>::infinity());
     return {output, logsumexp};
   }
-  if (const int64_t width = padded_head_dim(query, shape, attn_mask.has_value(), dropout_p)) {
-    // The same problem at head dim `width` (the scale is the caller's, not 1/sqrt(width)).
+  if (const int64_t width = padded_head_dim(query, shape)) {
+    // The same problem at head dim `width` (the scale is the caller's, not 1/sqrt(width)), with
+    // the same mask and dropout seed: the same keep mask, which depends on positions only.
     auto [wide_output, wide_logsumexp] =
         attention_forward_cuda(padded(query, width), padded(key, width), padded(value, width),
-                               scale, causal, std::nullopt, enable_gqa, 0.0, std::nullopt);
+                               scale, causal, attn_mask, enable_gqa, dropout_p, dropout_seed);
     output.copy_(wide_output.narrow(-1, 0, shape.head_dim_v));
     return {output, wide_logsumexp};
   }
@@ -186,8 +187,8 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
     // The fastest kernel that covers the case: Hopper's wgmma one (compute capability 9.0),
-    // the mma.sync one (both for half/bfloat16 at head dim 64 or 128, no mask, dropout or
-    // Ev != E; GQA included), the generic one. Each launcher declines what it does not cover,
+    // the mma.sync one (both for half/bfloat16 at head dim 64 or 128 with Ev = E; a mask,
+    // dropout and GQA included), the generic one. Each launcher declines what it does not cover,
     // having launched nothing; either way exactly one launch, checked below.
     const auto* q_ptr = cuda_ptr<scalar_t>(q);
     const auto* k_ptr = cuda_ptr<scalar_t>(k);
@@ -238,14 +239,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   at::Tensor grad_value = at::empty(value.sizes(), value.options());  // (..., S, Ev)
   // As the forward, at a padded head dim; not in deterministic mode, whose generic kernels take
   // any head dim as it is.
-  const int64_t width = at::globalContext().deterministicAlgorithms()
-                            ? 0
-                            : padded_head_dim(query, shape, attn_mask.has_value(), dropout_p);
+  const int64_t width =
+      at::globalContext().deterministicAlgorithms() ? 0 : padded_head_dim(query, shape);
   if (width > 0) {
     auto [wide_dq, wide_dk, wide_dv] = attention_backward_cuda(
         padded(grad_output, width), padded(query, width), padded(key, width),
-        padded(value, width), padded(output, width), logsumexp, scale, causal, std::nullopt,
-        enable_gqa, 0.0, std::nullopt);
+        padded(value, width), padded(output, width), logsumexp, scale, causal, attn_mask,
+        enable_gqa, dropout_p, dropout_seed);
     grad_query.copy_(wide_dq.narrow(-1, 0, shape.head_dim));
     grad_key.copy_(wide_dk.narrow(-1, 0, shape.head_dim));
     grad_value.copy_(wide_dv.narrow(-1, 0, shape.head_dim_v));
@@ -262,8 +262,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
       make_problem(shape, scale, causal, mask, dropout_p, seed);
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_backward_cuda", [&] {
-    // The tensor-core backward where it covers the case (half/bfloat16, head dim 64 or 128, no
-    // mask, dropout or Ev != E); its float32 workspace comes from the caching allocator, on
+    // The tensor-core backward where it covers the case (half/bfloat16, head dim 64 or 128,
+    // Ev = E); its float32 workspace comes from the caching allocator, on
     // this device and stream. Its dQ sums by float atomics, in no fixed order: under
     // torch.use_deterministic_algorithms(True) the generic kernels (one thread per element, GQA's
     // dK and dV summed in a fixed order) answer instead.

@@ -231,7 +231,9 @@ def build_fixed() -> None:
 # Pure CUDA sources (no torch headers): nvcc compiles them on a machine without a GPU.
 PURE_CUDA_SOURCES = (
     REPO_ROOT / "flawed" / CUDA_SOURCE,
+    FIXED_DIR / "csrc" / "kernels" / "attention_problem.cuh",
     FIXED_DIR / "csrc" / "kernels" / "attention_kernels.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "attention_backward_kernels.cuh",
     FIXED_DIR / "csrc" / "kernels" / "flash_common.cuh",
     FIXED_DIR / "csrc" / "kernels" / "flash_forward.cuh",
     FIXED_DIR / "csrc" / "kernels" / "flash_backward.cuh",

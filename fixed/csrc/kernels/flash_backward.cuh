@@ -89,7 +89,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "attention_kernels.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
+#include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
 #include "flash_common.cuh"       // PTX wrappers, swizzled tiles, load_tile
 
 namespace fixed_attention {
@@ -196,7 +196,10 @@ __global__ void __launch_bounds__(kRowKernelThreads)
     if (row < total_rows) {
       if (chunk == 0) {
         delta[row] = real ? dot : 0.f;
-        lse_log2[row] = real ? lse[b * len_q + i] * kLog2e : INFINITY;
+        // +inf for pad rows, and for rows that saw no key (lse -inf: a mask hid every key), so
+        // that their P is exactly 0 (2^(-inf - inf)), never 2^(-inf + inf) = NaN.
+        const float row_lse = real ? lse[b * len_q + i] : -INFINITY;
+        lse_log2[row] = row_lse == -INFINITY ? INFINITY : row_lse * kLog2e;
       }
       float4* const accum = reinterpret_cast<float4*>(dq_accum + row * kHeadDim + chunk * 8);
       accum[0] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -248,7 +251,8 @@ __device__ __forceinline__ void load_row_stats(uint32_t lse_dst, uint32_t delta_
 // The whole CTA's work, every work item of the grid-stride loop (sm_80 and later). A device
 // function so that the sm_90a kernel (flash_backward_sm90.cuh) can run it as its body in images
 // without wgmma; that kernel's dQ accumulator is swizzled (kSwizzledDq, swizzled_dq_chunk).
-template <typename T, class F, bool kSwizzledDq = false>
+// kArgs: the instantiation that reads the mask and draws dropout (flash_common.cuh).
+template <typename T, class F, bool kSwizzledDq, bool kArgs>
 __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,             // (B, L, D)
                                                    const T* __restrict__ k,             // (B, S, D)
                                                    const T* __restrict__ v,             // (B, S, D)
@@ -303,10 +307,15 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
   const int64_t L = p.len_q, S = p.len_kv;
   const int64_t key_blocks = ceil_div(S, BN);
   const float scale_log2 = p.scale * kLog2e;
+  // The mask enters P's exponent beside lse; dropout's Z scales P in dV and dP in dS.
+  const bool has_mask = kArgs && p.mask != nullptr;
+  const bool has_dropout = kArgs && p.dropout_p > 0.f;
+  const float keep_scale = dropout_scale(p.dropout_p);
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
+    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
     const int64_t kv_b = b * S * D;  // where dK and dV go: per batch item, also under GQA
     const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
@@ -419,12 +428,24 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
           for (int e = 0; e < 4; ++e) {
             const float row_lse = (e & 1) ? lse2.y : lse2.x;
             const float row_delta = (e & 1) ? dl.y : dl.x;
-            float prob = exp2_approx(fmaf(s[j][e], scale_log2, -row_lse));
+            const int64_t query = m0 + 8 * qt + 2 * t + (e & 1);
+            const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
+            float exponent = -row_lse;
+            if (has_mask && query < L && key < S) {
+              exponent = fmaf(mask_entry(p, mask_b, query, key), kLog2e, exponent);
+            }
+            float prob = exp2_approx(fmaf(s[j][e], scale_log2, exponent));
             if (diagonal && diag + 8 * qt + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
               prob = 0.f;  // query before key
             }
-            s[j][e] = prob;
-            dp[j][e] = prob * (dp[j][e] - row_delta);
+            if (has_dropout) {
+              const float z = dropout_factor(p, keep_scale, b, query, key);
+              s[j][e] = prob * z;
+              dp[j][e] = prob * (dp[j][e] * z - row_delta);
+            } else {
+              s[j][e] = prob;
+              dp[j][e] = prob * (dp[j][e] - row_delta);
+            }
           }
           // Key rows key_row0 + g + 8 h, query columns 8 qt + 2 t, + 1.
 #pragma unroll
@@ -535,7 +556,7 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
   }
 }
 
-template <typename T, class F>
+template <typename T, class F, bool kArgs>
 __global__ void __launch_bounds__(F::kThreads, 1)
     flash_backward_kernel(const T* __restrict__ q,               // (B, L, D)
                           const T* __restrict__ k,               // (B, S, D)
@@ -549,8 +570,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                           const AttentionProblem p, const int64_t rows_padded,
                           const bool longest_first) {  // causal work order (see the launcher)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  flash_backward_cta<T, F>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows_padded,
-                           longest_first);
+  flash_backward_cta<T, F, false, kArgs>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p,
+                                         rows_padded, longest_first);
 #endif  // __CUDA_ARCH__ >= 800
 }
 
@@ -639,11 +660,13 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
       return false;
     }
   }
-  if (!has_tensor_core_image(flash_backward_kernel<T, F>)) {
+  auto* kernel = has_score_arguments(p) ? flash_backward_kernel<T, F, true>
+                                        : flash_backward_kernel<T, F, false>;
+  if (!has_tensor_core_image(kernel)) {
     return false;
   }
-  backward<T, F>(flash_backward_kernel<T, F>, F::kSmemBytes, dout, q, k, v, out, lse, lse_log2,
-                 delta, dq_accum, dq, dk, dv, p, stream);
+  backward<T, F>(kernel, F::kSmemBytes, dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
+                 dk, dv, p, stream);
   return true;
 }
 

@@ -110,7 +110,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention_kernels.cuh"   // AttentionProblem, ceil_div, min64, is_plain, ...
+#include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
 #include "flash_backward.cuh"      // prologue and dq kernels, flash_backward_cta, tilings
 #include "flash_common.cuh"        // cp.async, exp2, pack2, red.global.add, ...
 #include "flash_forward_sm90.cuh"  // sw128_offset, load_tile_sw128, current_device_is_sm90
@@ -193,8 +193,9 @@ __device__ __forceinline__ void st_shared_f32x2(uint32_t address, float a, float
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(a), "f"(b) : "memory");
 }
 
-// The wgmma body: every work item of the grid-stride loop (sm_90a images only).
-template <typename T, class F>
+// The wgmma body: every work item of the grid-stride loop (sm_90a images only). kArgs: the
+// instantiation that reads the mask and draws dropout, as flash_backward_cta's.
+template <typename T, class F, bool kArgs>
 __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,             // (B, L, D)
                                                    const T* __restrict__ k,             // (B, S, D)
                                                    const T* __restrict__ v,             // (B, S, D)
@@ -244,10 +245,17 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const int64_t L = p.len_q, S = p.len_kv;
   const int64_t key_blocks = ceil_div(S, BN);
   const float scale_log2 = p.scale * kLog2e;  // any sign; 0 gives P = 2^-lse, as the mma.sync body
+  // The mask enters P's exponent beside lse; dropout's Z scales P in dV and dP in dS. Z is kept
+  // as one bit per score element between steps 3 and 5 (kQTiles * 4 of them per thread).
+  const bool has_mask = kArgs && p.mask != nullptr;
+  const bool has_dropout = kArgs && p.dropout_p > 0.f;
+  const float keep_scale = dropout_scale(p.dropout_p);
+  constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
+    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
     const int64_t kv_b = b * S * D;  // where dK and dV go: per batch item, also under GQA
     const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
@@ -329,26 +337,45 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       // query; diag = query - key at the warp's element (0, 0), |diag| < BM + BN there.
       const bool diagonal = p.causal && m0 < n0 + key_row0 + 15;  // uniform over the warp
       const int diag = diagonal ? static_cast<int>(m0 - n0) - key_row0 : 0;
+      uint32_t kept[kKeptWords];  // dropout: bit i of element s[i] set when kept
+#pragma unroll
+      for (int w = 0; w < kKeptWords; ++w) {
+        kept[w] = 0u;
+      }
 #pragma unroll
       for (int j = 0; j < kQTiles; ++j) {
         const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * j + 2 * t) * 4);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float row_lse = (e & 1) ? lse2.y : lse2.x;
-          float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, -row_lse));
+          const int64_t query = m0 + 8 * j + 2 * t + (e & 1);
+          const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
+          float exponent = -row_lse;
+          if (has_mask && query < L && key < S) {
+            exponent = fmaf(mask_entry(p, mask_b, query, key), kLog2e, exponent);
+          }
+          float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
           if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
             prob = 0.f;  // query before key
           }
           s[4 * j + e] = prob;
+          if (has_dropout && dropout_factor(p, keep_scale, b, query, key) != 0.f) {
+            kept[(4 * j + e) / 32] |= 1u << ((4 * j + e) % 32);
+          }
         }
       }
-      // P^T's A fragments (queries 16 kk .. + 15 per k-step).
+      // Z_i of element i: 1 without dropout.
+      const auto factor = [&](int i) {
+        return !has_dropout ? 1.f : (kept[i / 32] >> (i % 32)) & 1u ? keep_scale : 0.f;
+      };
+      // P^T's A fragments (queries 16 kk .. + 15 per k-step), Z applied.
       uint32_t p_frag[kQSteps][4];
 #pragma unroll
       for (int kk = 0; kk < kQSteps; ++kk) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          p_frag[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+          const int i = 8 * kk + 2 * r;
+          p_frag[kk][r] = pack2<T>(s[i] * factor(i), s[i + 1] * factor(i + 1));
         }
       }
 
@@ -376,7 +403,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float row_delta = (e & 1) ? dl.y : dl.x;
-          dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - row_delta);
+          dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] * factor(4 * j + e) - row_delta);
         }
       }
       uint32_t ds_frag[kQSteps][4];
@@ -504,7 +531,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   }
 }
 
-template <typename T, class F>
+template <typename T, class F, bool kArgs>
 __global__ void __launch_bounds__(F::kThreads, 1)
     flash_backward_sm90_kernel(const T* __restrict__ q,             // (B, L, D)
                                const T* __restrict__ k,             // (B, S, D)
@@ -518,11 +545,12 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                                const AttentionProblem p, const int64_t rows_padded,
                                const bool longest_first) {  // causal work order
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  wgmma_backward_cta<T, F>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows_padded,
-                           longest_first);
+  wgmma_backward_cta<T, F, kArgs>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p,
+                                  rows_padded, longest_first);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  flash_backward_cta<T, typename F::Fallback, true>(q, k, v, dout, lse_log2, delta, dq_accum, dk,
-                                                    dv, p, rows_padded, longest_first);
+  flash_backward_cta<T, typename F::Fallback, true, kArgs>(q, k, v, dout, lse_log2, delta,
+                                                           dq_accum, dk, dv, p, rows_padded,
+                                                           longest_first);
 #endif
 }
 
@@ -532,7 +560,8 @@ template <typename T, class F>
 bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
                      const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
                      T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
-  auto* kernel = flash_backward_sm90_kernel<T, F>;
+  auto* kernel = has_score_arguments(p) ? flash_backward_sm90_kernel<T, F, true>
+                                        : flash_backward_sm90_kernel<T, F, false>;
   if (!detail::has_tensor_core_image(kernel)) {
     return false;
   }

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "attention_kernels.cuh"  // AttentionProblem, value_dim
+#include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
 
 namespace fixed_attention {
 namespace kernels {
@@ -162,14 +162,47 @@ __device__ __forceinline__ void red_add_f32x2(float* address, float a, float b) 
 #endif
 }
 
+// ------------------------------------------------------------------ the SDPA arguments
+// Each tensor-core kernel has two instantiations: kArgs = false for problems without a mask or
+// dropout (GQA included), which compiles none of what follows, and kArgs = true, which reads
+// the additive mask and draws dropout's keep mask per score element, as the generic kernels do
+// (attention_kernels.cuh): the same mask entry, the same Philox bits (philox.h).
+
+// Whether a problem needs the kArgs instantiation.
+__host__ __device__ __forceinline__ bool has_score_arguments(const AttentionProblem& p) {
+  return p.mask != nullptr || p.dropout_p > 0.f;
+}
+
+// Batch item b's (L, S) slice of the additive float32 mask (strides may be 0), or null.
+__device__ __forceinline__ const float* mask_rows(const AttentionProblem& p, int64_t b) {
+  return p.mask == nullptr
+             ? nullptr
+             : p.mask + (b / p.heads) * p.mask_stride_outer + (b % p.heads) * p.mask_stride_head;
+}
+
+// The mask's entry for (row, key) of a slice, through the read-only cache (a broadcast mask is
+// read by many CTAs).
+__device__ __forceinline__ float mask_entry(const AttentionProblem& p, const float* mask_b,
+                                            int64_t row, int64_t key) {
+  return __ldg(mask_b + row * p.mask_stride_row + key * p.mask_stride_col);
+}
+
+// Dropout's factor Z for element (b, row, key): keep_scale = 1 / (1 - p) when kept, 0 when
+// dropped.
+__device__ __forceinline__ float dropout_factor(const AttentionProblem& p, float keep_scale,
+                                                int64_t b, int64_t row, int64_t key) {
+  return dropout::keep(p.dropout_seed, p.dropout_p, b, row, key, p.len_q, p.len_kv) ? keep_scale
+                                                                                    : 0.f;
+}
+
 namespace detail {
 
-// The problems the tensor-core kernels take: Ev = E, no mask, no dropout; GQA included. Under
-// GQA batch item b reads K/V item b / kv_group (attention_kernels.cuh's kv_item), and the
-// backward writes dK and dV per batch item, for the glue to sum over each group: never a
-// repeated K or V.
+// The problems the tensor-core kernels take: Ev = E (the glue pads other head dims); GQA, a
+// mask and dropout included. Under GQA batch item b reads K/V item b / kv_group (the generic
+// kernels' kv_item), and the backward writes dK and dV per batch item, for the glue to sum over
+// each group: never a repeated K or V.
 __host__ __device__ __forceinline__ bool takes_tensor_cores(const AttentionProblem& p) {
-  return value_dim(p) == p.head_dim && p.mask == nullptr && !(p.dropout_p > 0.f);
+  return value_dim(p) == p.head_dim;
 }
 
 // The order of causal work items (the kernels' longest_first argument). Batch-major lets the

@@ -124,7 +124,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "attention_kernels.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
+#include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
 #include "flash_common.cuh"       // PTX wrappers, swizzled tiles, load_tile
 
 namespace fixed_attention {
@@ -178,7 +178,8 @@ using Tiling128Causal = Tiling<128, 64, 64, 2, false, 4>;
 
 // The whole CTA's work, every work item of the grid-stride loop. A device function so that the
 // sm_90a kernel (flash_forward_sm90.cuh) can run it as its body in images without wgmma.
-template <typename T, class F>
+// kArgs: the instantiation that reads the mask and draws dropout (flash_common.cuh).
+template <typename T, class F, bool kArgs>
 __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (B, L, D)
                                                   const T* __restrict__ k,  // (B, S, D)
                                                   const T* __restrict__ v,  // (B, S, D)
@@ -222,11 +223,20 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
   // one becomes FLT_MIN (same probabilities, all 1; 0 would make masked scores -inf * 0 = NaN).
   const bool negate_q = p.scale < 0.f;
   const float scale_log2 = fmaxf(fabsf(p.scale) * kLog2e, FLT_MIN);
+  // With a mask, scores are scaled when the mask is added (s c + mask log2(e), c exact, 0 for a
+  // zero scale): the softmax's unit is then 1. Without one they stay raw, unit c. Dropout scales
+  // the probabilities that go into P V, not the row sums (lse is the undropped softmax's).
+  const bool has_mask = kArgs && p.mask != nullptr;
+  const bool has_dropout = kArgs && p.dropout_p > 0.f;
+  const float unit = has_mask ? 1.f : scale_log2;
+  const float mask_scale = fabsf(p.scale) * kLog2e;
+  const float keep_scale = dropout_scale(p.dropout_p);
 
   for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / row_blocks;
     const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
     const int64_t m0 = (row_blocks - 1 - rank) * F::kBlockM;
+    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
     // Batch item b's K and V (under GQA, its group's), as an offset: one register pair
     const int64_t kv_b = (b / p.kv_group) * S * D;
     // Keys this CTA's rows can see: causal rows m0..min(m0 + kBlockM, L) - 1 stop there.
@@ -352,6 +362,24 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
           }
         }
 
+        if (has_mask) {  // uniform: every step adds the mask's entries (rows past L: -inf)
+          const int key_limit = static_cast<int>(min64(S - n0, F::kSubN));
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int64_t row = m0 + warp_row0 + 16 * mi + g + 8 * (e >> 1);
+#pragma unroll
+              for (int j = 0; j < kNTiles; ++j) {
+                const int col = 8 * j + 2 * t + (e & 1);
+                s[mi][j][e] = row < L && col < key_limit
+                                  ? fmaf(s[mi][j][e], mask_scale,
+                                         mask_entry(p, mask_b, row, n0 + col) * kLog2e)
+                                  : -INFINITY;
+              }
+            }
+          }
+        }
         // Mask keys past S, and (causal) keys after the row.
         const bool tail = n0 + F::kSubN > S;
         const bool diagonal = p.causal && n0 + F::kSubN - 1 > m0;
@@ -394,20 +422,23 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
             mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
             // Nothing visible yet: subtract 0, so that 2^(-inf c - 0) = 0 rather than NaN.
-            const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+            const float base = mx == -INFINITY ? 0.f : mx * unit;
             const bool same = mx == row_max[mi][h];
             grew = grew || !same;
             // Exactly 1 when the max stayed; 0 on the first block (old max -inf).
-            rescale[mi][h] = same ? 1.f : exp2_approx(fmaf(row_max[mi][h], scale_log2, -base));
+            rescale[mi][h] = same ? 1.f : exp2_approx(fmaf(row_max[mi][h], unit, -base));
             row_max[mi][h] = mx;
+            const int64_t row = m0 + warp_row0 + 16 * mi + g + 8 * h;  // for dropout's bits
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
               for (int c = 0; c < 2; ++c) {
-                const float prob = exp2_approx(fmaf(s[mi][j][2 * h + c], scale_log2, -base));
-                s[mi][j][2 * h + c] = prob;
+                const float prob = exp2_approx(fmaf(s[mi][j][2 * h + c], unit, -base));
                 sum += prob;
+                s[mi][j][2 * h + c] =
+                    has_dropout ? prob * dropout_factor(p, keep_scale, b, row, n0 + 8 * j + 2 * t + c)
+                                : prob;
               }
             }
             row_sum[mi][h] = row_sum[mi][h] * rescale[mi][h] + sum;
@@ -465,8 +496,8 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
         float sum = row_sum[mi][h];
         sum += __shfl_xor_sync(kFullMask, sum, 1);
         sum += __shfl_xor_sync(kFullMask, sum, 2);
-        // sum >= 1 whenever a key is visible (the max contributes 2^0); 0 only when S == 0:
-        // zeros and lse = -inf, as SDPA.
+        // sum >= 1 whenever a key is visible (the max contributes 2^0); 0 only when S == 0 or
+        // the mask hides every key: zeros and lse = -inf, as the generic kernels.
         const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
         for (int j = 0; j < kDTiles; ++j) {
@@ -475,7 +506,7 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
         }
         const int64_t row = warp_first_row + 16 * mi + g + 8 * h;
         if (t == 0 && row < L) {
-          lse[b * L + row] = sum > 0.f ? row_max[mi][h] * scale_log2 * kLn2 + logf(sum) : -INFINITY;
+          lse[b * L + row] = sum > 0.f ? row_max[mi][h] * unit * kLn2 + logf(sum) : -INFINITY;
         }
       }
     }
@@ -515,7 +546,7 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
   }
 }
 
-template <typename T, class F>
+template <typename T, class F, bool kArgs>
 __global__ void __launch_bounds__(F::kThreads, 8 / F::kWarps)
     flash_forward_kernel(const T* __restrict__ q,  // (B, L, D)
                          const T* __restrict__ k,  // (B, S, D)
@@ -525,7 +556,7 @@ __global__ void __launch_bounds__(F::kThreads, 8 / F::kWarps)
                          const AttentionProblem p,
                          const bool longest_first) {  // causal work order (see the launcher)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  flash_forward_cta<T, F>(q, k, v, out, lse, p, longest_first);
+  flash_forward_cta<T, F, kArgs>(q, k, v, out, lse, p, longest_first);
 #endif
 }
 
@@ -537,7 +568,8 @@ namespace detail {
 template <typename T, class F>
 bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
             cudaStream_t stream) {
-  auto* kernel = flash_forward_kernel<T, F>;
+  auto* kernel = has_score_arguments(p) ? flash_forward_kernel<T, F, true>
+                                        : flash_forward_kernel<T, F, false>;
   if (!has_tensor_core_image(kernel)) {
     return false;
   }

@@ -41,7 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "attention_kernels.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
+#include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
 #include "flash_common.cuh"       // cp.async, exp2, pack2, longest_first_pays, ...
 #include "flash_forward.cuh"      // flash_forward_cta: the body of images without wgmma
 #include "wgmma.cuh"              // wgmma.mma_async and descriptors
@@ -104,8 +104,9 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t tile, const T* src, int
   }
 }
 
-// The wgmma body: every work item of the grid-stride loop (sm_90a images only).
-template <typename T, class F>
+// The wgmma body: every work item of the grid-stride loop (sm_90a images only). kArgs: the
+// instantiation that reads the mask and draws dropout, as flash_forward_cta's.
+template <typename T, class F, bool kArgs>
 __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const T* __restrict__ k,
                                                   const T* __restrict__ v, T* __restrict__ out,
                                                   float* __restrict__ lse,
@@ -143,11 +144,18 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   // As flash_forward.cuh: raw scores, c = |scale| log2(e) > 0, a negative scale negates Q.
   const bool negate_q = p.scale < 0.f;
   const float scale_log2 = fmaxf(fabsf(p.scale) * kLog2e, FLT_MIN);
+  // The mask and dropout as in flash_forward_cta: masked scores are scaled (unit 1).
+  const bool has_mask = kArgs && p.mask != nullptr;
+  const bool has_dropout = kArgs && p.dropout_p > 0.f;
+  const float unit = has_mask ? 1.f : scale_log2;
+  const float mask_scale = fabsf(p.scale) * kLog2e;
+  const float keep_scale = dropout_scale(p.dropout_p);
 
   for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / row_blocks;
     const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
     const int64_t m0 = (row_blocks - 1 - rank) * kBlockM;
+    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
     const int64_t kv_b = (b / p.kv_group) * S * D;  // under GQA, its group's K and V
     const int64_t key_end = p.causal ? min64(S, min64(m0 + kBlockM, L)) : S;
     const int n_blocks = static_cast<int>(ceil_div(key_end, kBlockN));
@@ -213,6 +221,21 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
       wgmma_wait_group<0>();
       wgmma_fence_operands(s);
 
+      if (has_mask) {  // uniform: every block adds the mask's entries (rows past L: -inf)
+        const int key_limit = static_cast<int>(min64(S - n0, kBlockN));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t row = m0 + warp_row0 + g + 8 * (e >> 1);
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) {
+            const int col = 8 * j + 2 * t + (e & 1);
+            s[4 * j + e] = row < L && col < key_limit
+                               ? fmaf(s[4 * j + e], mask_scale,
+                                      mask_entry(p, mask_b, row, n0 + col) * kLog2e)
+                               : -INFINITY;
+          }
+        }
+      }
       // Masks, only where a key block crosses the end of the keys or (causal) the diagonal.
       const bool tail = n0 + kBlockN > S;
       const bool diagonal = p.causal && n0 + kBlockN - 1 > m0 + warp_row0;
@@ -247,19 +270,22 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
         block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
         block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
         // A row with every key so far masked keeps max -inf: its probabilities are 2^-inf = 0.
-        const float max_log2 = block_max == -INFINITY ? 0.f : block_max * scale_log2;
+        const float max_log2 = block_max == -INFINITY ? 0.f : block_max * unit;
         const bool same = block_max == row_max[h];
         grew = grew || !same;
-        rescale[h] = same ? 1.f : exp2_approx(fmaf(row_max[h], scale_log2, -max_log2));
+        rescale[h] = same ? 1.f : exp2_approx(fmaf(row_max[h], unit, -max_log2));
         row_max[h] = block_max;
+        const int64_t row = m0 + warp_row0 + g + 8 * h;  // for dropout's bits
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], scale_log2, -max_log2));
-            s[4 * j + 2 * h + c] = prob;
+            const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], unit, -max_log2));
             sum += prob;
+            s[4 * j + 2 * h + c] =
+                has_dropout ? prob * dropout_factor(p, keep_scale, b, row, n0 + 8 * j + 2 * t + c)
+                            : prob;
           }
         }
         row_sum[h] = row_sum[h] * rescale[h] + sum;
@@ -318,7 +344,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
               pack2<T>(o[4 * j + 2 * h] * inv_sum, o[4 * j + 2 * h + 1] * inv_sum);
         }
         if (t == 0) {
-          lse[b * L + row] = sum > 0.f ? row_max[h] * scale_log2 * kLn2 + logf(sum) : -INFINITY;
+          lse[b * L + row] = sum > 0.f ? row_max[h] * unit * kLn2 + logf(sum) : -INFINITY;
         }
       }
     }
@@ -326,7 +352,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   }
 }
 
-template <typename T, class F>
+template <typename T, class F, bool kArgs>
 __global__ void __launch_bounds__(F::kThreads, 2)
     flash_forward_sm90_kernel(const T* __restrict__ q,  // (B, L, D)
                               const T* __restrict__ k,  // (B, S, D)
@@ -336,9 +362,9 @@ __global__ void __launch_bounds__(F::kThreads, 2)
                               const AttentionProblem p,
                               const bool longest_first) {  // causal work order
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  wgmma_forward_cta<T, F>(q, k, v, out, lse, p, longest_first);
+  wgmma_forward_cta<T, F, kArgs>(q, k, v, out, lse, p, longest_first);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  flash_forward_cta<T, typename F::Fallback>(q, k, v, out, lse, p, longest_first);
+  flash_forward_cta<T, typename F::Fallback, kArgs>(q, k, v, out, lse, p, longest_first);
 #endif
 }
 
@@ -358,7 +384,8 @@ inline bool current_device_is_sm90() {
 template <typename T, class F>
 bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
             cudaStream_t stream) {
-  auto* kernel = flash_forward_sm90_kernel<T, F>;
+  auto* kernel = has_score_arguments(p) ? flash_forward_sm90_kernel<T, F, true>
+                                        : flash_forward_sm90_kernel<T, F, false>;
   if (!detail::has_tensor_core_image(kernel)) {
     return false;
   }

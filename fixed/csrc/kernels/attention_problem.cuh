@@ -1,0 +1,111 @@
+// What every kernel of fixed_attention takes: the problem (AttentionProblem: sizes, scale, the
+// SDPA arguments) and the host helpers every launcher uses (grid size, shared-memory opt-in).
+// Kept apart from the kernels, so that a header of tensor-core kernels includes this and not
+// the generic kernels (each translation unit would otherwise compile those again).
+//
+// No torch includes: CI compile-checks it without a GPU (kata/toolchain/builders.py).
+#ifndef FIXED_ATTENTION_PROBLEM_CUH_
+#define FIXED_ATTENTION_PROBLEM_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "philox.h"
+
+namespace fixed_attention {
+namespace kernels {
+
+
+// The problem, flattened: leading dims multiplied into batch; q, k, v, o contiguous. The fields
+// after `causal` default to the plain case (no GQA, no mask, no dropout, Ev = E).
+struct AttentionProblem {
+  int64_t batch;     // B: query's leading dims, flattened
+  int64_t len_q;     // L
+  int64_t len_kv;    // S
+  int64_t head_dim;  // E (query, key), 1..256
+  float scale;
+  bool causal;
+  int64_t head_dim_v = 0;  // Ev (value, output), 1..256; 0 means head_dim
+  int64_t heads = 1;       // Hq: query's dim -3 (1 when query is 2-D)
+  int64_t kv_group = 1;    // Hq / Hkv under GQA, else 1. Batch item b reads K/V item
+                           //   (b / heads) * (heads / kv_group) + (b % heads) / kv_group
+  const float* mask = nullptr;  // additive float32 mask (bool already turned into 0 / -inf) or
+                                // null; element (b, i, j) at mask[(b / heads) * mask_stride_outer
+                                // + (b % heads) * mask_stride_head + i * mask_stride_row
+                                // + j * mask_stride_col] (strides may be 0: broadcast)
+  int64_t mask_stride_outer = 0, mask_stride_head = 0, mask_stride_row = 0, mask_stride_col = 0;
+  float dropout_p = 0.f;  // 0: none
+  uint64_t dropout_seed = 0;
+};
+
+// Ev: head_dim_v, or E where it is 0.
+__host__ __device__ __forceinline__ int64_t value_dim(const AttentionProblem& p) {
+  return p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+}
+
+// A kept probability's factor 1 / (1 - p); 0 when p == 1, where nothing is kept (not inf: a
+// dropped sum of 0 times inf would be NaN).
+__host__ __device__ __forceinline__ float dropout_scale(float p) {
+  return p < 1.f ? 1.f / (1.f - p) : 0.f;
+}
+
+// The plain problem: Ev = E, one K/V head per query head, no mask, no dropout. The tensor-core
+// kernels take only this one. Each generic kernel has an instantiation for it (kPlain) that
+// has those as constants, so that it keeps the registers, hence the occupancy and speed, of a
+// kernel without the rest (the general instantiation takes up to 60 registers per thread
+// more: a block less per SM).
+__host__ __device__ __forceinline__ bool is_plain(const AttentionProblem& p) {
+  return value_dim(p) == p.head_dim && p.kv_group == 1 && p.mask == nullptr &&
+         !(p.dropout_p > 0.f);
+}
+
+__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// std::min is host-only without --expt-relaxed-constexpr, which the CI command does not pass.
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// An element of any of the kernels' dtypes as float.
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+inline constexpr std::size_t kDefaultSharedMemory = 48 * 1024;
+
+namespace detail {
+
+// Blocks loop over work items, so any count up to gridDim.x's limit is correct.
+inline unsigned grid_for(int64_t work_items) {
+  return static_cast<unsigned>(
+      std::min<int64_t>(work_items, std::numeric_limits<int32_t>::max()));
+}
+
+// Kernels above 48 KB of dynamic shared memory must opt in, on the current device.
+template <typename Kernel>
+void allow_shared_memory(Kernel* kernel, std::size_t bytes) {
+  if (bytes <= kDefaultSharedMemory) {
+    return;
+  }
+  const cudaError_t status = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();  // reported here; do not leave it for an unrelated later check
+    throw std::runtime_error("fixed_attention kernels: cannot raise the shared memory limit to " +
+                             std::to_string(bytes) + " bytes: " + cudaGetErrorString(status));
+  }
+}
+
+}  // namespace detail
+}  // namespace kernels
+}  // namespace fixed_attention
+
+#endif  // FIXED_ATTENTION_PROBLEM_CUH_

@@ -1,0 +1,193 @@
+"""fixed/'s tensor-core kernels with SDPA's other arguments on a GPU: boolean and additive masks
+in the broadcast forms SDPA accepts (fully masked rows included), dropout, and both together,
+with GQA and with padded head dims. Forward and backward must run on the tensor-core kernels
+(wgmma on compute capability 9.0, mma.sync elsewhere) and agree with the CPU kernels of the
+same operator in float64: the same mask entries, the same Philox keep mask (philox.h), so the
+whole output and every gradient can be compared, dropout included. The mask cases are also
+compared with an independent float64 formula. Inputs are fresh each run; FLASH_SEED=<seed>
+replays a failure."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+
+from kata.harness.reference import TOLERANCE, relative_error
+from tests.cuda_support import (
+    NEEDS_CUDA,
+    dtype_id,
+    fixed_with_cuda_kernels,
+    lse_error,
+    randn,
+    replay_hint,
+    seed_fixture,
+)
+
+try:
+    from pytest_check import check
+except ImportError:  # pytest-check may be missing on the GPU machine: stop at the first failure
+    check = contextlib.nullcontext()
+
+pytestmark = NEEDS_CUDA
+
+fixed = pytest.fixture(fixed_with_cuda_kernels, scope="module", name="fixed")
+seed = seed_fixture("FLASH_SEED")
+replay = replay_hint("FLASH_SEED", __file__)
+
+DTYPES = [torch.bfloat16, torch.float16]
+LSE_TOLERANCE = 1e-5
+B, H, L, S = 2, 4, 150, 200  # several query and key blocks, tails in both
+
+
+def make_mask(kind: str, generator: torch.Generator) -> torch.Tensor | None:
+    """The masks SDPA takes, each broadcast to (B, H, L, S) differently. Boolean ones hide about
+    a third of the keys and every key of query rows 3 and 77 (their output is zero)."""
+    if kind == "none":
+        return None
+    if kind == "bool (L, S)":
+        mask = torch.rand((L, S), generator=generator) > 0.3
+        mask[3] = mask[77] = False
+        return mask.cuda()
+    if kind == "bool (B, 1, L, S)":
+        mask = torch.rand((B, 1, L, S), generator=generator) > 0.3
+        mask[:, :, 3] = mask[:, :, 77] = False
+        return mask.cuda()
+    if kind == "bool key padding (B, 1, 1, S)":
+        lengths = torch.tensor([S - 37, 91])
+        return (torch.arange(S) < lengths.view(B, 1, 1, 1)).cuda()
+    if kind == "float (H, L, S)":
+        mask = torch.randn((H, L, S), generator=generator)
+        mask[:, 5, ::3] = -math.inf
+        return mask.cuda()
+    if kind == "float (B, H, L, S) transposed view":
+        return torch.randn((B, H, S, L), generator=generator).cuda().transpose(-1, -2)
+    if kind == "bfloat16 (1, 1, L, S)":
+        return torch.randn((1, 1, L, S), generator=generator).to("cuda", torch.bfloat16)
+    raise ValueError(kind)
+
+
+MASKS = [
+    "bool (L, S)",
+    "bool (B, 1, L, S)",
+    "bool key padding (B, 1, 1, S)",
+    "float (H, L, S)",
+    "float (B, H, L, S) transposed view",
+    "bfloat16 (1, 1, L, S)",
+]
+# (mask, dropout_p, E, Ev, K/V heads, causal): every mask alone at head dim 64 and 128, then
+# with dropout, GQA and padded head dims; dropout alone, causal and not.
+CASES = [
+    *((mask, 0.0, 64, 64, H, False) for mask in MASKS),
+    *((mask, 0.0, 128, 128, H, False) for mask in MASKS[::2]),
+    ("bool (B, 1, L, S)", 0.2, 64, 64, H, False),
+    ("float (H, L, S)", 0.3, 128, 128, 2, False),
+    ("bool key padding (B, 1, 1, S)", 0.0, 128, 128, 1, False),
+    ("float (B, H, L, S) transposed view", 0.1, 80, 80, H, False),
+    ("bool (L, S)", 0.0, 48, 96, H, False),
+    ("none", 0.2, 64, 64, H, False),
+    ("none", 0.25, 128, 128, H, True),
+    ("none", 0.1, 64, 64, 2, True),
+    ("none", 0.5, 96, 96, H, True),
+]
+
+
+def case_id(case) -> str:
+    mask, dropout_p, head_dim, head_dim_v, kv_heads, causal = case
+    parts = [
+        mask,
+        f"p{dropout_p}",
+        f"e{head_dim}" + ("" if head_dim_v == head_dim else f"v{head_dim_v}"),
+    ]
+    parts += [f"kv{kv_heads}"] if kv_heads != H else []
+    parts += ["causal"] if causal else []
+    return " ".join(parts)
+
+
+def run(ops, device, dtype, q, k, v, grad, mask, dropout_p, seed_tensor, causal):
+    """Forward and backward of the operator on `device` in `dtype`: out, lse, dq, dk, dv."""
+    q, k, v, grad = (t.to(device, dtype) for t in (q, k, v, grad))
+    mask = None if mask is None else mask.to(device)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    gqa = k.shape[-3] != q.shape[-3]
+    out, lse = ops.attention_forward(q, k, v, scale, causal, mask, gqa, dropout_p, seed_tensor)
+    grads = ops.attention_backward(
+        grad, q, k, v, out, lse, scale, causal, mask, gqa, dropout_p, seed_tensor
+    )
+    return (out, lse, *grads)
+
+
+def formula64(q, k, v, mask):
+    """softmax(q kᵀ scale + mask) v in float64, a row with every key hidden giving zeros."""
+    q, k, v = (t.to("cpu", torch.float64) for t in (q, k, v))
+    group = q.shape[-3] // k.shape[-3]
+    k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        mask = mask.cpu()
+        additive = (
+            torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, -math.inf)
+            if mask.dtype == torch.bool
+            else mask.to(torch.float64)
+        )
+        scores = scores + additive
+    weights = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)
+    return weights @ v
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_masks_and_dropout_run_on_the_tensor_cores(fixed, seed, case, dtype):
+    mask_kind, dropout_p, head_dim, head_dim_v, kv_heads, causal = case
+    generator = torch.Generator().manual_seed(seed)
+    q = randn((B, H, L, head_dim), torch.float32, generator, "cpu")
+    k = randn((B, kv_heads, S, head_dim), torch.float32, generator, "cpu")
+    v = randn((B, kv_heads, S, head_dim_v), torch.float32, generator, "cpu")
+    grad = randn((B, H, L, head_dim_v), torch.float32, generator, "cpu")
+    mask = make_mask(mask_kind, generator)
+    seed_tensor = torch.tensor(seed * 7919 + 11, dtype=torch.int64) if dropout_p > 0 else None
+    where = f"{dtype_id(dtype)} {case_id(case)}; {replay(seed)}"
+    ops = torch.ops.fixed_attention
+    # The inputs rounded to dtype, so that the reference sees what the kernels see.
+    q, k, v, grad = (t.to(dtype).to(torch.float32) for t in (q, k, v, grad))
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        got = run(ops, "cuda", dtype, q, k, v, grad, mask, dropout_p, seed_tensor, causal)
+        torch.cuda.synchronize()
+    names = [e.name for e in profile.events() if "kernel" in e.name]
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    expected = (
+        ("flash_forward_sm90_kernel", "flash_backward_sm90_kernel")
+        if hopper
+        else ("flash_forward_kernel", "flash_backward_kernel")
+    )
+    for kernel in expected:
+        with check:
+            assert not names or any(kernel in name for name in names), (
+                f"{kernel} did not run: launched {names}; {where}"
+            )
+    with check:
+        assert not any("attention_forward_kernel" in name for name in names), (
+            f"a generic kernel ran: {names}; {where}"
+        )
+
+    reference = run(ops, "cpu", torch.float64, q, k, v, grad, mask, dropout_p, seed_tensor, causal)
+    for name, result, expected_value in zip(
+        ("out", "lse", "dq", "dk", "dv"), got, reference, strict=True
+    ):
+        with check:
+            assert result.shape == expected_value.shape, f"{name} {list(result.shape)}: {where}"
+        if name == "lse":
+            error = lse_error(result, expected_value)
+            with check:
+                assert error <= LSE_TOLERANCE, f"lse error {error:.2e}: {where}"
+            continue
+        error = relative_error(result, expected_value)
+        with check:
+            assert error <= TOLERANCE[dtype], f"{name} relative error {error:.2e}: {where}"
+    if dropout_p == 0 and not causal:
+        error = relative_error(got[0], formula64(q, k, v, mask))
+        with check:
+            assert error <= TOLERANCE[dtype], f"out vs the float64 formula {error:.2e}: {where}"
