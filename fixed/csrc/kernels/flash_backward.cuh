@@ -251,8 +251,8 @@ __device__ __forceinline__ void load_row_stats(uint32_t lse_dst, uint32_t delta_
 // The whole CTA's work, every work item of the grid-stride loop (sm_80 and later). A device
 // function so that the sm_90a kernel (flash_backward_sm90.cuh) can run it as its body in images
 // without wgmma; that kernel's dQ accumulator is swizzled (kSwizzledDq, swizzled_dq_chunk).
-// kArgs: the instantiation that reads the mask and draws dropout (flash_common.cuh).
-template <typename T, class F, bool kSwizzledDq, bool kArgs>
+// kArgs: which of the mask and dropout it compiles (flash_common.cuh, ScoreArgs).
+template <typename T, class F, bool kSwizzledDq, int kArgs>
 __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,             // (B, L, D)
                                                    const T* __restrict__ k,             // (B, S, D)
                                                    const T* __restrict__ v,             // (B, S, D)
@@ -308,8 +308,8 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
   const int64_t key_blocks = ceil_div(S, BN);
   const float scale_log2 = p.scale * kLog2e;
   // The mask enters P's exponent beside lse; dropout's Z scales P in dV and dP in dS.
-  const bool has_mask = kArgs && p.mask != nullptr;
-  const bool has_dropout = kArgs && p.dropout_p > 0.f;
+  const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
+  const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
   const float keep_scale = dropout_scale(p.dropout_p);
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
@@ -424,6 +424,14 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
           const int qt = slice * kSliceTiles + j;
           const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * qt + 2 * t) * 4);
           const float2 dl = ld_shared_f32x2(delta_buf + (8 * qt + 2 * t) * 4);
+          // Dropout's Z of queries 8 qt + 2 t, + 1 for key g + 8 h: one Philox block each.
+          float2 z_pair[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            z_pair[h] = has_dropout ? dropout_row_pair(p, keep_scale, b, m0 + 8 * qt + 2 * t,
+                                                       n0 + key_row0 + g + 8 * h)
+                                    : make_float2(1.f, 1.f);
+          }
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float row_lse = (e & 1) ? lse2.y : lse2.x;
@@ -439,7 +447,7 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
               prob = 0.f;  // query before key
             }
             if (has_dropout) {
-              const float z = dropout_factor(p, keep_scale, b, query, key);
+              const float z = (e & 1) ? z_pair[e >> 1].y : z_pair[e >> 1].x;
               s[j][e] = prob * z;
               dp[j][e] = prob * (dp[j][e] * z - row_delta);
             } else {
@@ -556,7 +564,7 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
   }
 }
 
-template <typename T, class F, bool kArgs>
+template <typename T, class F, int kArgs>
 __global__ void __launch_bounds__(F::kThreads, 1)
     flash_backward_kernel(const T* __restrict__ q,               // (B, L, D)
                           const T* __restrict__ k,               // (B, S, D)
@@ -660,8 +668,8 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
       return false;
     }
   }
-  auto* kernel = has_score_arguments(p) ? flash_backward_kernel<T, F, true>
-                                        : flash_backward_kernel<T, F, false>;
+  auto* kernel = for_score_args(p, flash_backward_kernel<T, F, kNoArgs>, flash_backward_kernel<T, F, kMaskOnly>,
+                                flash_backward_kernel<T, F, kMaskAndDropout>);
   if (!has_tensor_core_image(kernel)) {
     return false;
   }

@@ -195,7 +195,7 @@ __device__ __forceinline__ void st_shared_f32x2(uint32_t address, float a, float
 
 // The wgmma body: every work item of the grid-stride loop (sm_90a images only). kArgs: the
 // instantiation that reads the mask and draws dropout, as flash_backward_cta's.
-template <typename T, class F, bool kArgs>
+template <typename T, class F, int kArgs>
 __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,             // (B, L, D)
                                                    const T* __restrict__ k,             // (B, S, D)
                                                    const T* __restrict__ v,             // (B, S, D)
@@ -247,8 +247,8 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const float scale_log2 = p.scale * kLog2e;  // any sign; 0 gives P = 2^-lse, as the mma.sync body
   // The mask enters P's exponent beside lse; dropout's Z scales P in dV and dP in dS. Z is kept
   // as one bit per score element between steps 3 and 5 (kQTiles * 4 of them per thread).
-  const bool has_mask = kArgs && p.mask != nullptr;
-  const bool has_dropout = kArgs && p.dropout_p > 0.f;
+  const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
+  const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
   const float keep_scale = dropout_scale(p.dropout_p);
   constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;
 
@@ -330,6 +330,22 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
         wgmma_scores<T, BM>(dp, desc_v, desc_o, ks > 0);
       }
       wgmma_commit_group();
+      // The mask's entries of this block (0 past L or S, where P needs none), loaded while the
+      // products run, as the forward does; at D = 64 (64 entries per thread) that spilled 368
+      // bytes (ptxas), so there they are loaded where they are used.
+      constexpr bool kPrefetchMask = kArgs != kNoArgs && kQTiles * 4 <= 32;
+      float bias[kPrefetchMask ? kQTiles * 4 : 1];
+      if (kPrefetchMask && has_mask) {  // uniform
+#pragma unroll
+        for (int j = 0; j < kQTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t query = m0 + 8 * j + 2 * t + (e & 1);
+            const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
+            bias[4 * j + e] = query < L && key < S ? mask_entry(p, mask_b, query, key) : 0.f;
+          }
+        }
+      }
       wgmma_wait_group<1>();  // S^T has landed; dP^T may still be in flight
       wgmma_fence_operands(s);
 
@@ -345,21 +361,32 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
 #pragma unroll
       for (int j = 0; j < kQTiles; ++j) {
         const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * j + 2 * t) * 4);
+        // Dropout's Z of queries 8 j + 2 t, + 1 for key g + 8 h: one Philox block each.
+        float2 z_pair[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          z_pair[h] = has_dropout ? dropout_row_pair(p, keep_scale, b, m0 + 8 * j + 2 * t,
+                                                     n0 + key_row0 + g + 8 * h)
+                                  : make_float2(1.f, 1.f);
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float row_lse = (e & 1) ? lse2.y : lse2.x;
-          const int64_t query = m0 + 8 * j + 2 * t + (e & 1);
-          const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
           float exponent = -row_lse;
-          if (has_mask && query < L && key < S) {
-            exponent = fmaf(mask_entry(p, mask_b, query, key), kLog2e, exponent);
+          if (has_mask) {
+            const int64_t query = m0 + 8 * j + 2 * t + (e & 1);
+            const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
+            const float entry = kPrefetchMask                   ? bias[4 * j + e]
+                                : query < L && key < S ? mask_entry(p, mask_b, query, key)
+                                                       : 0.f;
+            exponent = fmaf(entry, kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
           if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
             prob = 0.f;  // query before key
           }
           s[4 * j + e] = prob;
-          if (has_dropout && dropout_factor(p, keep_scale, b, query, key) != 0.f) {
+          if (has_dropout && ((e & 1) ? z_pair[e >> 1].y : z_pair[e >> 1].x) != 0.f) {
             kept[(4 * j + e) / 32] |= 1u << ((4 * j + e) % 32);
           }
         }
@@ -531,7 +558,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   }
 }
 
-template <typename T, class F, bool kArgs>
+template <typename T, class F, int kArgs>
 __global__ void __launch_bounds__(F::kThreads, 1)
     flash_backward_sm90_kernel(const T* __restrict__ q,             // (B, L, D)
                                const T* __restrict__ k,             // (B, S, D)
@@ -560,8 +587,8 @@ template <typename T, class F>
 bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
                      const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
                      T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
-  auto* kernel = has_score_arguments(p) ? flash_backward_sm90_kernel<T, F, true>
-                                        : flash_backward_sm90_kernel<T, F, false>;
+  auto* kernel = for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs>, flash_backward_sm90_kernel<T, F, kMaskOnly>,
+                                flash_backward_sm90_kernel<T, F, kMaskAndDropout>);
   if (!detail::has_tensor_core_image(kernel)) {
     return false;
   }

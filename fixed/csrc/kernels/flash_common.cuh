@@ -163,14 +163,18 @@ __device__ __forceinline__ void red_add_f32x2(float* address, float a, float b) 
 }
 
 // ------------------------------------------------------------------ the SDPA arguments
-// Each tensor-core kernel has two instantiations: kArgs = false for problems without a mask or
-// dropout (GQA included), which compiles none of what follows, and kArgs = true, which reads
-// the additive mask and draws dropout's keep mask per score element, as the generic kernels do
-// (attention_kernels.cuh): the same mask entry, the same Philox bits (philox.h).
+// Each tensor-core kernel has three instantiations (its kArgs): kNoArgs for problems without a
+// mask or dropout (GQA included), which compiles none of what follows; kMaskOnly, which adds the
+// additive mask's entry to each score; kMaskAndDropout, which also draws dropout's keep mask per
+// score element. Both read what the generic kernels read (attention_kernels.cuh): the same mask
+// entry, the same Philox bits (philox.h). Dropout's Philox rounds take registers that a mask
+// alone does not need (ptxas spilled more with both in one instantiation).
+enum ScoreArgs : int { kNoArgs = 0, kMaskOnly = 1, kMaskAndDropout = 2 };
 
-// Whether a problem needs the kArgs instantiation.
-__host__ __device__ __forceinline__ bool has_score_arguments(const AttentionProblem& p) {
-  return p.mask != nullptr || p.dropout_p > 0.f;
+// The instantiation a problem needs, of `none`, `mask` and `all` (one kernel's three).
+template <typename Kernel>
+Kernel* for_score_args(const AttentionProblem& p, Kernel* none, Kernel* mask, Kernel* all) {
+  return p.dropout_p > 0.f ? all : p.mask != nullptr ? mask : none;
 }
 
 // Batch item b's (L, S) slice of the additive float32 mask (strides may be 0), or null.
@@ -187,12 +191,71 @@ __device__ __forceinline__ float mask_entry(const AttentionProblem& p, const flo
   return __ldg(mask_b + row * p.mask_stride_row + key * p.mask_stride_col);
 }
 
-// Dropout's factor Z for element (b, row, key): keep_scale = 1 / (1 - p) when kept, 0 when
-// dropped.
-__device__ __forceinline__ float dropout_factor(const AttentionProblem& p, float keep_scale,
-                                                int64_t b, int64_t row, int64_t key) {
-  return dropout::keep(p.dropout_seed, p.dropout_p, b, row, key, p.len_q, p.len_kv) ? keep_scale
-                                                                                    : 0.f;
+// Element e of n-tile j of a thread's score fragments: float[n][4] (mma.sync) or float[4 n]
+// (wgmma).
+template <int N>
+__device__ __forceinline__ float& element(float (&s)[N][4], int j, int e) {
+  return s[j][e];
+}
+template <int N>
+__device__ __forceinline__ float& element(float (&s)[N], int j, int e) {
+  return s[4 * j + e];
+}
+
+// Row `first / 2` of a thread's score fragments (elements first, first + 1 of each n-tile j:
+// keys key0 + 8 j, + 1) becomes scale_log2 s + mask log2(e), or -inf past the keys (keys_left
+// of them from key0 on) or for a row past L. `row` points at the row's mask entries; a mask
+// whose keys are contiguous (the usual case) is read at immediate offsets, without a multiply.
+template <int kNTiles, typename Fragments>
+__device__ __forceinline__ void add_mask_row(Fragments& s, int first, const float* row,
+                                             const AttentionProblem& p, int64_t key0,
+                                             int64_t keys_left, bool row_inside,
+                                             float scale_log2) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const bool whole = keys_left >= 8 * kNTiles;  // no key past S in this block
+  if (row_inside && whole && p.mask_stride_col == 1) {
+    const float* const at = row + key0;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float& score = element(s, j, first + c);
+        score = fmaf(score, scale_log2, __ldg(at + 8 * j + c) * kLog2e);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float& score = element(s, j, first + c);
+      const int64_t col = 8 * j + c;
+      score = row_inside && col < keys_left
+                  ? fmaf(score, scale_log2, __ldg(row + (key0 + col) * p.mask_stride_col) * kLog2e)
+                  : -INFINITY;
+    }
+  }
+}
+
+// Dropout's factors Z (keep_scale = 1 / (1 - p) when kept, 0 when dropped) of two elements of
+// one 2 x 2 Philox block (philox.h), from one Philox call: keys key, key + 1 of `row` (key even:
+// the forward's pair), or rows row, row + 1 of `key` (row even: the backward's pair).
+__device__ __forceinline__ float2 dropout_key_pair(const AttentionProblem& p, float keep_scale,
+                                                   int64_t b, int64_t row, int64_t key) {
+  const dropout::Words words =
+      dropout::block_words(p.dropout_seed, b, row, key, p.len_q, p.len_kv);
+  const bool odd = row & 1;
+  return make_float2(dropout::kept(odd ? words.w[2] : words.w[0], p.dropout_p) ? keep_scale : 0.f,
+                     dropout::kept(odd ? words.w[3] : words.w[1], p.dropout_p) ? keep_scale : 0.f);
+}
+__device__ __forceinline__ float2 dropout_row_pair(const AttentionProblem& p, float keep_scale,
+                                                   int64_t b, int64_t row, int64_t key) {
+  const dropout::Words words =
+      dropout::block_words(p.dropout_seed, b, row, key, p.len_q, p.len_kv);
+  const bool odd = key & 1;
+  return make_float2(dropout::kept(odd ? words.w[1] : words.w[0], p.dropout_p) ? keep_scale : 0.f,
+                     dropout::kept(odd ? words.w[3] : words.w[2], p.dropout_p) ? keep_scale : 0.f);
 }
 
 namespace detail {

@@ -178,8 +178,8 @@ using Tiling128Causal = Tiling<128, 64, 64, 2, false, 4>;
 
 // The whole CTA's work, every work item of the grid-stride loop. A device function so that the
 // sm_90a kernel (flash_forward_sm90.cuh) can run it as its body in images without wgmma.
-// kArgs: the instantiation that reads the mask and draws dropout (flash_common.cuh).
-template <typename T, class F, bool kArgs>
+// kArgs: which of the mask and dropout it compiles (flash_common.cuh, ScoreArgs).
+template <typename T, class F, int kArgs>
 __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (B, L, D)
                                                   const T* __restrict__ k,  // (B, S, D)
                                                   const T* __restrict__ v,  // (B, S, D)
@@ -226,8 +226,8 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
   // With a mask, scores are scaled when the mask is added (s c + mask log2(e), c exact, 0 for a
   // zero scale): the softmax's unit is then 1. Without one they stay raw, unit c. Dropout scales
   // the probabilities that go into P V, not the row sums (lse is the undropped softmax's).
-  const bool has_mask = kArgs && p.mask != nullptr;
-  const bool has_dropout = kArgs && p.dropout_p > 0.f;
+  const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
+  const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
   const float unit = has_mask ? 1.f : scale_log2;
   const float mask_scale = fabsf(p.scale) * kLog2e;
   const float keep_scale = dropout_scale(p.dropout_p);
@@ -236,7 +236,17 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
     const int64_t b = longest_first ? item % p.batch : item / row_blocks;
     const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
     const int64_t m0 = (row_blocks - 1 - rank) * F::kBlockM;
-    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
+    // This thread's rows of the mask (g and g + 8 of each m-tile), clamped inside it.
+    const float* mask_row[kMTiles][2] = {};
+    if (has_mask) {
+      const float* const mask_b = mask_rows(p, b);
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        for (int h = 0; h < 2; ++h) {
+          mask_row[mi][h] =
+              mask_b + min64(m0 + warp_row0 + 16 * mi + g + 8 * h, L - 1) * p.mask_stride_row;
+        }
+      }
+    }
     // Batch item b's K and V (under GQA, its group's), as an offset: one register pair
     const int64_t kv_b = (b / p.kv_group) * S * D;
     // Keys this CTA's rows can see: causal rows m0..min(m0 + kBlockM, L) - 1 stop there.
@@ -363,20 +373,13 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
         }
 
         if (has_mask) {  // uniform: every step adds the mask's entries (rows past L: -inf)
-          const int key_limit = static_cast<int>(min64(S - n0, F::kSubN));
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int64_t row = m0 + warp_row0 + 16 * mi + g + 8 * (e >> 1);
-#pragma unroll
-              for (int j = 0; j < kNTiles; ++j) {
-                const int col = 8 * j + 2 * t + (e & 1);
-                s[mi][j][e] = row < L && col < key_limit
-                                  ? fmaf(s[mi][j][e], mask_scale,
-                                         mask_entry(p, mask_b, row, n0 + col) * kLog2e)
-                                  : -INFINITY;
-              }
+            for (int h = 0; h < 2; ++h) {
+              add_mask_row<kNTiles>(s[mi], 2 * h, mask_row[mi][h], p, n0 + 2 * t,
+                                    S - n0 - 2 * t, m0 + warp_row0 + 16 * mi + g + 8 * h < L,
+                                    mask_scale);
             }
           }
         }
@@ -432,13 +435,17 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-              for (int c = 0; c < 2; ++c) {
-                const float prob = exp2_approx(fmaf(s[mi][j][2 * h + c], unit, -base));
-                sum += prob;
-                s[mi][j][2 * h + c] =
-                    has_dropout ? prob * dropout_factor(p, keep_scale, b, row, n0 + 8 * j + 2 * t + c)
-                                : prob;
+              const float prob0 = exp2_approx(fmaf(s[mi][j][2 * h], unit, -base));
+              const float prob1 = exp2_approx(fmaf(s[mi][j][2 * h + 1], unit, -base));
+              sum += prob0;
+              sum += prob1;
+              if (has_dropout) {  // keys 8 j + 2 t, + 1: one Philox block
+                const float2 z = dropout_key_pair(p, keep_scale, b, row, n0 + 8 * j + 2 * t);
+                s[mi][j][2 * h] = prob0 * z.x;
+                s[mi][j][2 * h + 1] = prob1 * z.y;
+              } else {
+                s[mi][j][2 * h] = prob0;
+                s[mi][j][2 * h + 1] = prob1;
               }
             }
             row_sum[mi][h] = row_sum[mi][h] * rescale[mi][h] + sum;
@@ -546,7 +553,7 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
   }
 }
 
-template <typename T, class F, bool kArgs>
+template <typename T, class F, int kArgs>
 __global__ void __launch_bounds__(F::kThreads, 8 / F::kWarps)
     flash_forward_kernel(const T* __restrict__ q,  // (B, L, D)
                          const T* __restrict__ k,  // (B, S, D)
@@ -568,8 +575,8 @@ namespace detail {
 template <typename T, class F>
 bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
             cudaStream_t stream) {
-  auto* kernel = has_score_arguments(p) ? flash_forward_kernel<T, F, true>
-                                        : flash_forward_kernel<T, F, false>;
+  auto* kernel = for_score_args(p, flash_forward_kernel<T, F, kNoArgs>, flash_forward_kernel<T, F, kMaskOnly>,
+                                flash_forward_kernel<T, F, kMaskAndDropout>);
   if (!has_tensor_core_image(kernel)) {
     return false;
   }

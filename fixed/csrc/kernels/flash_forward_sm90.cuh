@@ -106,7 +106,7 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t tile, const T* src, int
 
 // The wgmma body: every work item of the grid-stride loop (sm_90a images only). kArgs: the
 // instantiation that reads the mask and draws dropout, as flash_forward_cta's.
-template <typename T, class F, bool kArgs>
+template <typename T, class F, int kArgs>
 __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const T* __restrict__ k,
                                                   const T* __restrict__ v, T* __restrict__ out,
                                                   float* __restrict__ lse,
@@ -145,8 +145,8 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   const bool negate_q = p.scale < 0.f;
   const float scale_log2 = fmaxf(fabsf(p.scale) * kLog2e, FLT_MIN);
   // The mask and dropout as in flash_forward_cta: masked scores are scaled (unit 1).
-  const bool has_mask = kArgs && p.mask != nullptr;
-  const bool has_dropout = kArgs && p.dropout_p > 0.f;
+  const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
+  const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
   const float unit = has_mask ? 1.f : scale_log2;
   const float mask_scale = fabsf(p.scale) * kLog2e;
   const float keep_scale = dropout_scale(p.dropout_p);
@@ -155,7 +155,14 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
     const int64_t b = longest_first ? item % p.batch : item / row_blocks;
     const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
     const int64_t m0 = (row_blocks - 1 - rank) * kBlockM;
-    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
+    // This thread's two rows of the mask (g and g + 8 of the warp), clamped inside it.
+    const float* mask_row[2] = {nullptr, nullptr};
+    if (has_mask) {
+      const float* const mask_b = mask_rows(p, b);
+      for (int h = 0; h < 2; ++h) {
+        mask_row[h] = mask_b + min64(m0 + warp_row0 + g + 8 * h, L - 1) * p.mask_stride_row;
+      }
+    }
     const int64_t kv_b = (b / p.kv_group) * S * D;  // under GQA, its group's K and V
     const int64_t key_end = p.causal ? min64(S, min64(m0 + kBlockM, L)) : S;
     const int n_blocks = static_cast<int>(ceil_div(key_end, kBlockN));
@@ -220,20 +227,11 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
       wgmma_commit_group();
       wgmma_wait_group<0>();
       wgmma_fence_operands(s);
-
-      if (has_mask) {  // uniform: every block adds the mask's entries (rows past L: -inf)
-        const int key_limit = static_cast<int>(min64(S - n0, kBlockN));
+      if (has_mask) {  // uniform: scaled scores plus the mask, in log2 units
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t row = m0 + warp_row0 + g + 8 * (e >> 1);
-#pragma unroll
-          for (int j = 0; j < kNTiles; ++j) {
-            const int col = 8 * j + 2 * t + (e & 1);
-            s[4 * j + e] = row < L && col < key_limit
-                               ? fmaf(s[4 * j + e], mask_scale,
-                                      mask_entry(p, mask_b, row, n0 + col) * kLog2e)
-                               : -INFINITY;
-          }
+        for (int h = 0; h < 2; ++h) {
+          add_mask_row<kNTiles>(s, 2 * h, mask_row[h], p, n0 + 2 * t, S - n0 - 2 * t,
+                                m0 + warp_row0 + g + 8 * h < L, mask_scale);
         }
       }
       // Masks, only where a key block crosses the end of the keys or (causal) the diagonal.
@@ -279,13 +277,17 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], unit, -max_log2));
-            sum += prob;
-            s[4 * j + 2 * h + c] =
-                has_dropout ? prob * dropout_factor(p, keep_scale, b, row, n0 + 8 * j + 2 * t + c)
-                            : prob;
+          const float prob0 = exp2_approx(fmaf(s[4 * j + 2 * h], unit, -max_log2));
+          const float prob1 = exp2_approx(fmaf(s[4 * j + 2 * h + 1], unit, -max_log2));
+          sum += prob0;
+          sum += prob1;
+          if (has_dropout) {  // keys 8 j + 2 t, + 1: one Philox block
+            const float2 z = dropout_key_pair(p, keep_scale, b, row, n0 + 8 * j + 2 * t);
+            s[4 * j + 2 * h] = prob0 * z.x;
+            s[4 * j + 2 * h + 1] = prob1 * z.y;
+          } else {
+            s[4 * j + 2 * h] = prob0;
+            s[4 * j + 2 * h + 1] = prob1;
           }
         }
         row_sum[h] = row_sum[h] * rescale[h] + sum;
@@ -352,7 +354,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   }
 }
 
-template <typename T, class F, bool kArgs>
+template <typename T, class F, int kArgs>
 __global__ void __launch_bounds__(F::kThreads, 2)
     flash_forward_sm90_kernel(const T* __restrict__ q,  // (B, L, D)
                               const T* __restrict__ k,  // (B, S, D)
@@ -384,8 +386,8 @@ inline bool current_device_is_sm90() {
 template <typename T, class F>
 bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
             cudaStream_t stream) {
-  auto* kernel = has_score_arguments(p) ? flash_forward_sm90_kernel<T, F, true>
-                                        : flash_forward_sm90_kernel<T, F, false>;
+  auto* kernel = for_score_args(p, flash_forward_sm90_kernel<T, F, kNoArgs>, flash_forward_sm90_kernel<T, F, kMaskOnly>,
+                                flash_forward_sm90_kernel<T, F, kMaskAndDropout>);
   if (!detail::has_tensor_core_image(kernel)) {
     return false;
   }

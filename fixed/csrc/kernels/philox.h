@@ -1,7 +1,7 @@
 // Dropout's keep mask, the same bits on the CPU and on CUDA: a counter-based generator
 // (Philox4x32-10, Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011) keyed by
-// a seed torch's default generator draws, counted by the element's position. The forward and the
-// backward regenerate the same mask from (seed, position): nothing is stored.
+// a seed torch's default generator draws, counted by the element's 2 x 2 block (block_words). The
+// forward and the backward regenerate the same mask from (seed, position): nothing is stored.
 //
 // Plain C++ (host) and CUDA (device): no torch includes, so the CPU kernels and the CUDA kernels
 // include the same file.
@@ -25,9 +25,11 @@ FIXED_ATTENTION_HOST_DEVICE uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t* h
   return static_cast<uint32_t>(product);
 }
 
-// The first of Philox4x32-10's four outputs for counter (c0, c1, 0, 0) and key (k0, k1).
-FIXED_ATTENTION_HOST_DEVICE uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t k0,
-                                                  uint32_t k1) {
+// Philox4x32-10's four outputs for counter (c0, c1, 0, 0) and key (k0, k1).
+struct Words {
+  uint32_t w[4];
+};
+FIXED_ATTENTION_HOST_DEVICE Words philox(uint32_t c0, uint32_t c1, uint32_t k0, uint32_t k1) {
   uint32_t c2 = 0, c3 = 0;
   for (int round = 0; round < 10; ++round) {
     uint32_t hi0, hi1;
@@ -41,26 +43,40 @@ FIXED_ATTENTION_HOST_DEVICE uint32_t philox_first(uint32_t c0, uint32_t c1, uint
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  return c0;
+  return Words{{c0, c1, c2, c3}};
 }
 
-// Uniform in [0, 1) with 24 random bits (exact in float and double) for element `position`.
-FIXED_ATTENTION_HOST_DEVICE float uniform(uint64_t seed, uint64_t position) {
-  const uint32_t bits =
-      philox_first(static_cast<uint32_t>(position), static_cast<uint32_t>(position >> 32),
-                   static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f);
+// One Philox call draws the four elements of a 2 x 2 block of a (batch, L, S) problem: rows
+// 2r, 2r + 1 and keys 2c, 2c + 1 of batch item b (b the flattened leading index of the output),
+// counted row-major over the blocks of every item: counter = (b ceil(L / 2) + r) ceil(S / 2) + c.
+// Word 2 (i & 1) + (j & 1) belongs to element (i, j). A thread of the tensor-core kernels holds
+// two of a block's elements (two keys of a row in the forward, two rows of a key in the
+// backward), so one call serves both. The key is the seed's two 32-bit halves.
+FIXED_ATTENTION_HOST_DEVICE Words block_words(uint64_t seed, int64_t b, int64_t i, int64_t j,
+                                              int64_t len_q, int64_t len_kv) {
+  const uint64_t block_rows = (static_cast<uint64_t>(len_q) + 1) / 2;
+  const uint64_t block_cols = (static_cast<uint64_t>(len_kv) + 1) / 2;
+  const uint64_t counter =
+      (static_cast<uint64_t>(b) * block_rows + static_cast<uint64_t>(i) / 2) * block_cols +
+      static_cast<uint64_t>(j) / 2;
+  return philox(static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
+                static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-// Element (b, i, j) of a (batch, L, S) problem: b the flattened leading index of the output, i
-// the query row, j the key. Kept when uniform >= p; a kept probability is scaled by 1 / (1 - p).
+// A word's uniform in [0, 1): its top 24 bits (exact in float and double); kept when >= p. A
+// kept probability is scaled by 1 / (1 - p).
+FIXED_ATTENTION_HOST_DEVICE bool kept(uint32_t word, float p) {
+  return static_cast<float>(word >> 8) * (1.0f / 16777216.0f) >= p;
+}
+
+// Whether element (b, i, j) is kept.
 FIXED_ATTENTION_HOST_DEVICE bool keep(uint64_t seed, float p, int64_t b, int64_t i, int64_t j,
                                       int64_t len_q, int64_t len_kv) {
-  const uint64_t position = (static_cast<uint64_t>(b) * static_cast<uint64_t>(len_q) +
-                             static_cast<uint64_t>(i)) *
-                                static_cast<uint64_t>(len_kv) +
-                            static_cast<uint64_t>(j);
-  return uniform(seed, position) >= p;
+  const Words words = block_words(seed, b, i, j, len_q, len_kv);
+  // Selects, not words.w[index]: a register array indexed at run time would go to local memory.
+  const uint32_t word = (i & 1) ? ((j & 1) ? words.w[3] : words.w[2])
+                                : ((j & 1) ? words.w[1] : words.w[0]);
+  return kept(word, p);
 }
 
 }  // namespace dropout
