@@ -424,13 +424,12 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
           const int qt = slice * kSliceTiles + j;
           const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * qt + 2 * t) * 4);
           const float2 dl = ld_shared_f32x2(delta_buf + (8 * qt + 2 * t) * 4);
-          // Dropout's Z of queries 8 qt + 2 t, + 1 for key g + 8 h: one Philox block each.
-          float2 z_pair[2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            z_pair[h] = has_dropout ? dropout_row_pair(p, keep_scale, b, m0 + 8 * qt + 2 * t,
-                                                       n0 + key_row0 + g + 8 * h)
-                                    : make_float2(1.f, 1.f);
+          // Dropout's Z of queries 8 qt + 2 t, + 1 for key g + 8 h: Philox block h.
+          float2 z_pair[2] = {make_float2(1.f, 1.f), make_float2(1.f, 1.f)};
+          if (has_dropout) {
+            const int64_t query = m0 + 8 * qt + 2 * t, key = n0 + key_row0 + g;
+            dropout_factors<DropoutPair::kAlongRows>(p, keep_scale, b, query, key, query, key + 8,
+                                                     g & 1, z_pair);
           }
 #pragma unroll
           for (int e = 0; e < 4; ++e) {

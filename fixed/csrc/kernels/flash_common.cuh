@@ -202,26 +202,34 @@ __device__ __forceinline__ float& element(float (&s)[N], int j, int e) {
   return s[4 * j + e];
 }
 
+// Whether the mask's rows can be read as aligned pairs of floats: keys contiguous, every row
+// start 8-byte aligned (uniform over the grid).
+__device__ __forceinline__ bool mask_in_pairs(const AttentionProblem& p) {
+  return p.mask_stride_col == 1 &&
+         ((p.mask_stride_row | p.mask_stride_head | p.mask_stride_outer) & 1) == 0 &&
+         (reinterpret_cast<std::uintptr_t>(p.mask) & 7) == 0;
+}
+
 // Row `first / 2` of a thread's score fragments (elements first, first + 1 of each n-tile j:
 // keys key0 + 8 j, + 1) becomes scale_log2 s + mask log2(e), or -inf past the keys (keys_left
-// of them from key0 on) or for a row past L. `row` points at the row's mask entries; a mask
-// whose keys are contiguous (the usual case) is read at immediate offsets, without a multiply.
+// of them from key0 on) or for a row past L. `row` points at the row's mask entries (clamped
+// inside the mask). `pairs` (uniform): mask_in_pairs and no key of the block past S; then both
+// keys of a pair come from one 8-byte load at an immediate offset, no multiply, no test.
 template <int kNTiles, typename Fragments>
 __device__ __forceinline__ void add_mask_row(Fragments& s, int first, const float* row,
                                              const AttentionProblem& p, int64_t key0,
-                                             int64_t keys_left, bool row_inside,
+                                             int64_t keys_left, bool row_inside, bool pairs,
                                              float scale_log2) {
   constexpr float kLog2e = 1.4426950408889634f;
-  const bool whole = keys_left >= 8 * kNTiles;  // no key past S in this block
-  if (row_inside && whole && p.mask_stride_col == 1) {
-    const float* const at = row + key0;
+  if (pairs) {
+    const float2* const at = reinterpret_cast<const float2*>(row + key0);
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float& score = element(s, j, first + c);
-        score = fmaf(score, scale_log2, __ldg(at + 8 * j + c) * kLog2e);
-      }
+      const float2 entry = __ldg(at + 4 * j);
+      float& s0 = element(s, j, first);
+      float& s1 = element(s, j, first + 1);
+      s0 = row_inside ? fmaf(s0, scale_log2, entry.x * kLog2e) : -INFINITY;
+      s1 = row_inside ? fmaf(s1, scale_log2, entry.y * kLog2e) : -INFINITY;
     }
     return;
   }
@@ -238,24 +246,42 @@ __device__ __forceinline__ void add_mask_row(Fragments& s, int first, const floa
   }
 }
 
-// Dropout's factors Z (keep_scale = 1 / (1 - p) when kept, 0 when dropped) of two elements of
-// one 2 x 2 Philox block (philox.h), from one Philox call: keys key, key + 1 of `row` (key even:
-// the forward's pair), or rows row, row + 1 of `key` (row even: the backward's pair).
-__device__ __forceinline__ float2 dropout_key_pair(const AttentionProblem& p, float keep_scale,
-                                                   int64_t b, int64_t row, int64_t key) {
-  const dropout::Words words =
-      dropout::block_words(p.dropout_seed, b, row, key, p.len_q, p.len_kv);
-  const bool odd = row & 1;
-  return make_float2(dropout::kept(odd ? words.w[2] : words.w[0], p.dropout_p) ? keep_scale : 0.f,
-                     dropout::kept(odd ? words.w[3] : words.w[1], p.dropout_p) ? keep_scale : 0.f);
-}
-__device__ __forceinline__ float2 dropout_row_pair(const AttentionProblem& p, float keep_scale,
-                                                   int64_t b, int64_t row, int64_t key) {
-  const dropout::Words words =
-      dropout::block_words(p.dropout_seed, b, row, key, p.len_q, p.len_kv);
-  const bool odd = key & 1;
-  return make_float2(dropout::kept(odd ? words.w[1] : words.w[0], p.dropout_p) ? keep_scale : 0.f,
-                     dropout::kept(odd ? words.w[3] : words.w[2], p.dropout_p) ? keep_scale : 0.f);
+// Dropout's factors Z (keep_scale = 1 / (1 - p) when kept, 0 when dropped) of a thread's
+// elements in two 2 x 2 Philox blocks (philox.h). Lanes l and l ^ 4 (fragment rows g and g ^ 1)
+// hold the other halves of the same blocks, so each draws one (the lane with g even block 0, the
+// other block 1) and takes the other's words by shuffle: one Philox call per two blocks' four
+// elements. All 32 lanes call it together. `odd` = g & 1, the parity of what tells the lane's
+// elements apart inside a block: its row in the forward (kAlongKeys: keys key, key + 1 of that
+// row), its key in the backward (queries row, row + 1 of that key). z[k]: block k's two factors.
+enum class DropoutPair { kAlongKeys, kAlongRows };
+template <DropoutPair kPair>
+__device__ __forceinline__ void dropout_factors(const AttentionProblem& p, float keep_scale,
+                                                int64_t b, int64_t row0, int64_t key0,
+                                                int64_t row1, int64_t key1, bool odd,
+                                                float2 (&z)[2]) {
+  const dropout::Words mine = dropout::block_words(p.dropout_seed, b, odd ? row1 : row0,
+                                                   odd ? key1 : key0, p.len_q, p.len_kv);
+  dropout::Words other;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    other.w[k] = __shfl_xor_sync(0xffffffffu, mine.w[k], 4);
+  }
+#pragma unroll
+  for (int block = 0; block < 2; ++block) {
+    const bool drawn_here = (block == 1) == odd;
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] = drawn_here ? mine.w[k] : other.w[k];
+    }
+    // Word 2 (row & 1) + (key & 1) is element (row, key)'s.
+    const uint32_t first = kPair == DropoutPair::kAlongKeys ? (odd ? w[2] : w[0])
+                                                            : (odd ? w[1] : w[0]);
+    const uint32_t second = kPair == DropoutPair::kAlongKeys ? (odd ? w[3] : w[1])
+                                                             : (odd ? w[3] : w[2]);
+    z[block] = make_float2(dropout::kept(first, p.dropout_p) ? keep_scale : 0.f,
+                           dropout::kept(second, p.dropout_p) ? keep_scale : 0.f);
+  }
 }
 
 namespace detail {

@@ -231,6 +231,7 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
   const float unit = has_mask ? 1.f : scale_log2;
   const float mask_scale = fabsf(p.scale) * kLog2e;
   const float keep_scale = dropout_scale(p.dropout_p);
+  const bool mask_pairs = has_mask && mask_in_pairs(p);
 
   for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / row_blocks;
@@ -373,13 +374,14 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
         }
 
         if (has_mask) {  // uniform: every step adds the mask's entries (rows past L: -inf)
+          const bool pairs = mask_pairs && n0 + F::kSubN <= S;
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               add_mask_row<kNTiles>(s[mi], 2 * h, mask_row[mi][h], p, n0 + 2 * t,
                                     S - n0 - 2 * t, m0 + warp_row0 + 16 * mi + g + 8 * h < L,
-                                    mask_scale);
+                                    pairs, mask_scale);
             }
           }
         }
@@ -434,18 +436,26 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
             const int64_t row = m0 + warp_row0 + 16 * mi + g + 8 * h;  // for dropout's bits
             float sum = 0.f;
 #pragma unroll
-            for (int j = 0; j < kNTiles; ++j) {
-              const float prob0 = exp2_approx(fmaf(s[mi][j][2 * h], unit, -base));
-              const float prob1 = exp2_approx(fmaf(s[mi][j][2 * h + 1], unit, -base));
-              sum += prob0;
-              sum += prob1;
-              if (has_dropout) {  // keys 8 j + 2 t, + 1: one Philox block
-                const float2 z = dropout_key_pair(p, keep_scale, b, row, n0 + 8 * j + 2 * t);
-                s[mi][j][2 * h] = prob0 * z.x;
-                s[mi][j][2 * h + 1] = prob1 * z.y;
-              } else {
-                s[mi][j][2 * h] = prob0;
-                s[mi][j][2 * h + 1] = prob1;
+            for (int j = 0; j < kNTiles; j += 2) {  // n-tiles j, j + 1
+              float prob[2][2];
+#pragma unroll
+              for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                  prob[jj][c] = exp2_approx(fmaf(s[mi][j + jj][2 * h + c], unit, -base));
+                  sum += prob[jj][c];
+                }
+              }
+              float2 z[2] = {make_float2(1.f, 1.f), make_float2(1.f, 1.f)};
+              if (has_dropout) {  // keys 8 (j + jj) + 2 t, + 1 of this row: block jj
+                const int64_t key = n0 + 8 * j + 2 * t;
+                dropout_factors<DropoutPair::kAlongKeys>(p, keep_scale, b, row, key, row, key + 8,
+                                                         g & 1, z);
+              }
+#pragma unroll
+              for (int jj = 0; jj < 2; ++jj) {
+                s[mi][j + jj][2 * h] = has_dropout ? prob[jj][0] * z[jj].x : prob[jj][0];
+                s[mi][j + jj][2 * h + 1] = has_dropout ? prob[jj][1] * z[jj].y : prob[jj][1];
               }
             }
             row_sum[mi][h] = row_sum[mi][h] * rescale[mi][h] + sum;

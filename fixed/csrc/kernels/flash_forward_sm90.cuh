@@ -150,6 +150,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   const float unit = has_mask ? 1.f : scale_log2;
   const float mask_scale = fabsf(p.scale) * kLog2e;
   const float keep_scale = dropout_scale(p.dropout_p);
+  const bool mask_pairs = has_mask && mask_in_pairs(p);
 
   for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / row_blocks;
@@ -225,13 +226,39 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
         wgmma_m64n64k16_ss<T>(s, desc_q, desc_k, ks > 0);
       }
       wgmma_commit_group();
+      // A mask's entries for this block, read in pairs while the product runs: their latency is
+      // what a mask costs (ncu: long-scoreboard stalls).
+      const bool pairs = mask_pairs && n0 + kBlockN <= S;  // uniform
+      float2 entries[kArgs == kNoArgs ? 1 : 2][kNTiles];
+      if (pairs) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float2* const at = reinterpret_cast<const float2*>(mask_row[h] + n0 + 2 * t);
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) {
+            entries[h][j] = __ldg(at + 4 * j);
+          }
+        }
+      }
       wgmma_wait_group<0>();
       wgmma_fence_operands(s);
-      if (has_mask) {  // uniform: scaled scores plus the mask, in log2 units
+      if (pairs) {  // scaled scores plus the mask, in log2 units; -inf for rows past L
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const bool row_inside = m0 + warp_row0 + g + 8 * h < L;
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) {
+            float& s0 = s[4 * j + 2 * h];
+            float& s1 = s[4 * j + 2 * h + 1];
+            s0 = row_inside ? fmaf(s0, mask_scale, entries[h][j].x * kLog2e) : -INFINITY;
+            s1 = row_inside ? fmaf(s1, mask_scale, entries[h][j].y * kLog2e) : -INFINITY;
+          }
+        }
+      } else if (has_mask) {  // a tail block, or a mask read element by element
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           add_mask_row<kNTiles>(s, 2 * h, mask_row[h], p, n0 + 2 * t, S - n0 - 2 * t,
-                                m0 + warp_row0 + g + 8 * h < L, mask_scale);
+                                m0 + warp_row0 + g + 8 * h < L, false, mask_scale);
         }
       }
       // Masks, only where a key block crosses the end of the keys or (causal) the diagonal.
@@ -276,18 +303,26 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
         const int64_t row = m0 + warp_row0 + g + 8 * h;  // for dropout's bits
         float sum = 0.f;
 #pragma unroll
-        for (int j = 0; j < kNTiles; ++j) {
-          const float prob0 = exp2_approx(fmaf(s[4 * j + 2 * h], unit, -max_log2));
-          const float prob1 = exp2_approx(fmaf(s[4 * j + 2 * h + 1], unit, -max_log2));
-          sum += prob0;
-          sum += prob1;
-          if (has_dropout) {  // keys 8 j + 2 t, + 1: one Philox block
-            const float2 z = dropout_key_pair(p, keep_scale, b, row, n0 + 8 * j + 2 * t);
-            s[4 * j + 2 * h] = prob0 * z.x;
-            s[4 * j + 2 * h + 1] = prob1 * z.y;
-          } else {
-            s[4 * j + 2 * h] = prob0;
-            s[4 * j + 2 * h + 1] = prob1;
+        for (int j = 0; j < kNTiles; j += 2) {  // n-tiles j, j + 1
+          float prob[2][2];
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              prob[jj][c] = exp2_approx(fmaf(s[4 * (j + jj) + 2 * h + c], unit, -max_log2));
+              sum += prob[jj][c];
+            }
+          }
+          float2 z[2] = {make_float2(1.f, 1.f), make_float2(1.f, 1.f)};
+          if (has_dropout) {  // keys 8 (j + jj) + 2 t, + 1 of this row: block jj
+            const int64_t key = n0 + 8 * j + 2 * t;
+            dropout_factors<DropoutPair::kAlongKeys>(p, keep_scale, b, row, key, row, key + 8,
+                                                     g & 1, z);
+          }
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            s[4 * (j + jj) + 2 * h] = has_dropout ? prob[jj][0] * z[jj].x : prob[jj][0];
+            s[4 * (j + jj) + 2 * h + 1] = has_dropout ? prob[jj][1] * z[jj].y : prob[jj][1];
           }
         }
         row_sum[h] = row_sum[h] * rescale[h] + sum;
@@ -354,8 +389,11 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   }
 }
 
+// Two CTAs per SM cap a thread at 128 registers, which the plain kernel fits (127); with a mask
+// or dropout ptxas then spilled 120-250 bytes, so those instantiations run one CTA per SM with
+// up to 255 registers.
 template <typename T, class F, int kArgs>
-__global__ void __launch_bounds__(F::kThreads, 2)
+__global__ void __launch_bounds__(F::kThreads, kArgs == kNoArgs ? 2 : 1)
     flash_forward_sm90_kernel(const T* __restrict__ q,  // (B, L, D)
                               const T* __restrict__ k,  // (B, S, D)
                               const T* __restrict__ v,  // (B, S, D)
