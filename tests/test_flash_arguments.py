@@ -1,5 +1,6 @@
 """fixed/'s tensor-core kernels with SDPA's other arguments on a GPU: boolean and additive masks
-in the broadcast forms SDPA accepts (fully masked rows included), dropout, and both together,
+in the broadcast forms SDPA accepts (fully masked rows included; masks that hide whole tiles, which
+the wgmma kernels skip: causal, documents, key padding), dropout, and both together,
 with GQA and with padded head dims. Forward and backward must run on the tensor-core kernels
 (wgmma on compute capability 9.0, mma.sync elsewhere) and agree with the CPU kernels of the
 same operator in float64: the same mask entries, the same Philox keep mask (philox.h), so the
@@ -55,6 +56,11 @@ def make_mask(kind: str, generator: torch.Generator) -> torch.Tensor | None:
         mask = torch.rand((B, 1, L, S), generator=generator) > 0.3
         mask[:, :, 3] = mask[:, :, 77] = False
         return mask.cuda()
+    if kind == "bool causal (L, S)":  # hides whole tiles above the diagonal (skipped blocks)
+        return torch.ones((L, S), dtype=torch.bool).tril().cuda()
+    if kind == "bool documents (1, 1, L, S)":  # block-diagonal: documents of 70 rows and keys
+        document = torch.arange(max(L, S)) // 70
+        return (document[:L, None] == document[None, :S]).view(1, 1, L, S).cuda()
     if kind == "bool key padding (B, 1, 1, S)":
         lengths = torch.tensor([S - 37, 91])
         return (torch.arange(S) < lengths.view(B, 1, 1, 1)).cuda()
@@ -71,6 +77,8 @@ def make_mask(kind: str, generator: torch.Generator) -> torch.Tensor | None:
 
 MASKS = [
     "bool (L, S)",
+    "bool causal (L, S)",
+    "bool documents (1, 1, L, S)",
     "bool (B, 1, L, S)",
     "bool key padding (B, 1, 1, S)",
     "float (H, L, S)",
@@ -83,6 +91,8 @@ CASES = [
     *((mask, 0.0, 64, 64, H, False) for mask in MASKS),
     *((mask, 0.0, 128, 128, H, False) for mask in MASKS[::2]),
     ("bool (B, 1, L, S)", 0.2, 64, 64, H, False),
+    ("bool causal (L, S)", 0.2, 128, 128, H, False),
+    ("bool documents (1, 1, L, S)", 0.1, 64, 64, 2, False),
     ("float (H, L, S)", 0.3, 128, 128, 2, False),
     ("bool key padding (B, 1, 1, S)", 0.0, 128, 128, 1, False),
     ("float (B, H, L, S) transposed view", 0.1, 80, 80, H, False),

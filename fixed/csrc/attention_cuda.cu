@@ -22,6 +22,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraphsUtils.cuh>
+#include <ATen/ops/amax.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
@@ -73,10 +74,45 @@ typename CudaType<scalar_t>::type* cuda_mutable_ptr(at::Tensor& tensor) {
                      AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)  \
                      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
-// mask: additive_mask's (batch / heads, heads, L, S) float32 view, or none; the caller keeps it
-// alive until the kernels have been launched (they read it on the stream, in order).
+// Which kHiddenTile x kHiddenTile tiles (rows x keys) of the additive mask, additive_mask's
+// (batch / heads, heads, L, S) view, are entirely -inf: a uint8 map, 1 where hidden, for the
+// tensor-core kernels to skip those blocks (a causal, sliding-window or padding mask hides many;
+// their probabilities are all 0, so skipping changes nothing). Computed on the mask's own
+// elements (size 1 where it is broadcast, the map too), and only where those are at most an
+// eighth of the scores, so that the pass costs little beside the kernels; otherwise none.
+std::optional<at::Tensor> hidden_tiles(const at::Tensor& mask, const AttentionShape& shape) {
+  constexpr int64_t kTile = kernels::flash::kHiddenTile;
+  at::Tensor own = mask;
+  for (int64_t dim = 0; dim < 4; ++dim) {
+    if (own.stride(dim) == 0 && own.size(dim) > 1) {
+      own = own.narrow(dim, 0, 1);
+    }
+  }
+  if (own.numel() * 8 > shape.batch * shape.len_q * shape.len_kv ||
+      (shape.len_q <= kTile && shape.len_kv <= kTile)) {
+    return std::nullopt;
+  }
+  // Rows and keys padded to whole tiles with -inf (rows past L are never computed, keys past S
+  // never seen), unless broadcast.
+  const int64_t rows = own.size(2), keys = own.size(3);
+  const int64_t tile_rows = rows == 1 ? 1 : kTile, tile_keys = keys == 1 ? 1 : kTile;
+  const int64_t row_tiles = kernels::ceil_div(rows, tile_rows);
+  const int64_t key_tiles = kernels::ceil_div(keys, tile_keys);
+  const at::Tensor whole =
+      at::constant_pad_nd(own, {0, key_tiles * tile_keys - keys, 0, row_tiles * tile_rows - rows},
+                          -std::numeric_limits<double>::infinity())
+          .reshape({own.size(0), own.size(1), row_tiles, tile_rows, key_tiles, tile_keys});
+  return at::amax(whole, {3, 5})
+      .eq(-std::numeric_limits<double>::infinity())
+      .to(at::kByte);  // (outer or 1, heads or 1, row tiles or 1, key tiles or 1), contiguous
+}
+
+// mask: additive_mask's (batch / heads, heads, L, S) float32 view, or none; hidden: its
+// hidden_tiles map, or none. The caller keeps both alive until the kernels have been launched
+// (they read them on the stream, in order).
 kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale, bool causal,
-                                       const std::optional<at::Tensor>& mask, double dropout_p,
+                                       const std::optional<at::Tensor>& mask,
+                                       const std::optional<at::Tensor>& hidden, double dropout_p,
                                        uint64_t dropout_seed) {
   kernels::AttentionProblem problem{shape.batch, shape.len_q, shape.len_kv, shape.head_dim,
                                     static_cast<float>(scale), causal};
@@ -89,6 +125,16 @@ kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale
     problem.mask_stride_head = mask->stride(1);
     problem.mask_stride_row = mask->stride(2);
     problem.mask_stride_col = mask->stride(3);
+  }
+  if (hidden.has_value()) {  // a dimension of size 1 is broadcast: stride 0
+    const auto stride = [&](int64_t dim) {
+      return hidden->size(dim) == 1 ? 0 : hidden->stride(dim);
+    };
+    problem.hidden_tiles = hidden->const_data_ptr<uint8_t>();
+    problem.hidden_stride_outer = stride(0);
+    problem.hidden_stride_head = stride(1);
+    problem.hidden_stride_row = stride(2);
+    problem.hidden_stride_col = stride(3);
   }
   problem.dropout_p = static_cast<float>(dropout_p);
   problem.dropout_seed = dropout_seed;
@@ -109,6 +155,14 @@ int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape) {
   }
   const int64_t width = widest <= 64 ? 64 : 128;
   return shape.head_dim == width && shape.head_dim_v == width ? 0 : width;
+}
+
+// hidden_tiles where a tensor-core kernel may use it (half or bfloat16 inputs with a mask).
+std::optional<at::Tensor> tiles_to_skip(const at::Tensor& query,
+                                        const std::optional<at::Tensor>& mask,
+                                        const AttentionShape& shape) {
+  const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
+  return half && mask.has_value() ? hidden_tiles(*mask, shape) : std::nullopt;
 }
 
 // `tensor` with zero columns appended up to `width` in its last dim: a new contiguous tensor.
@@ -182,8 +236,9 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   const at::Tensor q = query.contiguous();  // (B, L, E)
   const at::Tensor k = key.contiguous();    // (B / kv_group, S, E)
   const at::Tensor v = value.contiguous();  // (B / kv_group, S, Ev)
+  const std::optional<at::Tensor> hidden = tiles_to_skip(query, mask, shape);
   const kernels::AttentionProblem problem =
-      make_problem(shape, scale, causal, mask, dropout_p, seed);
+      make_problem(shape, scale, causal, mask, hidden, dropout_p, seed);
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
     // The fastest kernel that covers the case: Hopper's wgmma one (compute capability 9.0),
@@ -258,8 +313,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const at::Tensor v = value.contiguous();           // (B / kv_group, S, Ev)
   const at::Tensor out = output.contiguous();        // (B, L, Ev)
   const at::Tensor lse = logsumexp.contiguous();     // (B, L), float32
+  const std::optional<at::Tensor> hidden = tiles_to_skip(query, mask, shape);
   const kernels::AttentionProblem problem =
-      make_problem(shape, scale, causal, mask, dropout_p, seed);
+      make_problem(shape, scale, causal, mask, hidden, dropout_p, seed);
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_backward_cuda", [&] {
     // The tensor-core backward where it covers the case (half/bfloat16, head dim 64 or 128,

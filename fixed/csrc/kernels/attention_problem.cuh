@@ -42,6 +42,12 @@ struct AttentionProblem {
                                 // + (b % heads) * mask_stride_head + i * mask_stride_row
                                 // + j * mask_stride_col] (strides may be 0: broadcast)
   int64_t mask_stride_outer = 0, mask_stride_head = 0, mask_stride_row = 0, mask_stride_col = 0;
+  // Optional, for the tensor-core kernels only: which kHiddenTile x kHiddenTile tiles (rows x
+  // keys) the mask hides entirely (1: every entry -inf), indexed as the mask is, by tile, with
+  // strides (0 where broadcast). Those kernels skip blocks made of hidden tiles; null: none.
+  const uint8_t* hidden_tiles = nullptr;
+  int64_t hidden_stride_outer = 0, hidden_stride_head = 0, hidden_stride_row = 0,
+          hidden_stride_col = 0;
   float dropout_p = 0.f;  // 0: none
   uint64_t dropout_seed = 0;
 };

@@ -667,7 +667,8 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
       return false;
     }
   }
-  auto* kernel = for_score_args(p, flash_backward_kernel<T, F, kNoArgs>, flash_backward_kernel<T, F, kMaskOnly>,
+  auto* kernel = for_score_args(p, flash_backward_kernel<T, F, kNoArgs>,
+                                flash_backward_kernel<T, F, kMaskOnly>,
                                 flash_backward_kernel<T, F, kMaskAndDropout>);
   if (!has_tensor_core_image(kernel)) {
     return false;

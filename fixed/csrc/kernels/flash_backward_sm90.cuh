@@ -260,16 +260,26 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
     const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
     const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
-    const int n_iters = m_begin < L ? static_cast<int>(ceil_div(L - m_begin, BM)) : 0;
+    // The next query block after the one at m that the mask does not hide entirely for these
+    // keys (L or more: none); without a map of hidden tiles, m + BM. The instantiation with
+    // dropout does not skip: at D = 64 the search spilled 500 bytes more there (ptxas).
+    const auto next_visible = [&](int64_t m) {
+      do {
+        m += BM;
+      } while (kArgs == kMaskOnly && m < L && hidden_block(p, b, m, BM, n0, BN));
+      return m;
+    };
+    int64_t m0 = next_visible(m_begin - BM);  // this iteration's query block
+    int64_t done_m0 = -1;                     // the last one computed, whose dQ is staged
 
     // K, V of this key block and Q, dO, lse, delta of the first query block: one group.
     load_tile_sw128<F, BN>(k_tile, k + kv_read + n0 * D, S - n0, tid);
     load_tile_sw128<F, BN>(v_tile, v + kv_read + n0 * D, S - n0, tid);
-    if (n_iters > 0) {
-      load_tile_sw128<F, BM>(q_tiles, q + (b * L + m_begin) * D, L - m_begin, tid);
-      load_tile_sw128<F, BM>(do_tiles, dout + (b * L + m_begin) * D, L - m_begin, tid);
-      load_row_stats<BM>(stats, stats + BM * 4, lse_log2 + b * rows_padded + m_begin,
-                         delta + b * rows_padded + m_begin, tid);
+    if (m0 < L) {
+      load_tile_sw128<F, BM>(q_tiles, q + (b * L + m0) * D, L - m0, tid);
+      load_tile_sw128<F, BM>(do_tiles, dout + (b * L + m0) * D, L - m0, tid);
+      load_row_stats<BM>(stats, stats + BM * 4, lse_log2 + b * rows_padded + m0,
+                         delta + b * rows_padded + m0, tid);
     }
     cp_async_commit();
 
@@ -282,8 +292,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
     }
 
 #pragma unroll 1
-    for (int it = 0; it < n_iters; ++it) {
-      const int64_t m0 = m_begin + static_cast<int64_t>(it) * BM;
+    for (int it = 0; m0 < L; ++it) {
       const uint32_t buf = static_cast<uint32_t>(it & 1);
       const uint32_t q_buf = q_tiles + buf * F::kQBytes;
       const uint32_t do_buf = do_tiles + buf * F::kQBytes;
@@ -292,12 +301,13 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       cp_async_wait<0>();          // this thread's copies of block `it` (and K, V) have landed
       fence_proxy_async_shared();  // ... and its copies, zero and dQ stores, to the async proxy
       __syncthreads();  // everyone's have; every warpgroup has waited for its wgmmas of it - 1
-      if (it > 0 && tid == 0) {  // 9 (of block it - 1): its staged dQ, as one bulk reduction
-        bulk_reduce_add_f32(dq_accum + (b * rows_padded + m0 - BM) * D, dq_stage, F::kDqBytes);
+      if (it > 0 && tid == 0) {  // 9 (of block done_m0): its staged dQ, as one bulk reduction
+        bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, dq_stage, F::kDqBytes);
         bulk_commit_group();
       }
-      if (it + 1 < n_iters) {
-        const int64_t next = m0 + BM;
+      const int64_t following = next_visible(m0);
+      if (following < L) {
+        const int64_t next = following;
         const uint32_t other = (buf ^ 1u) * F::kQBytes;
         const uint32_t other_stats = stats + (buf ^ 1u) * F::kStatsBytes;
         load_tile_sw128<F, BM>(q_tiles + other, q + (b * L + next) * D, L - next, tid);
@@ -511,6 +521,8 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
                           dq[4 * j + 2 * h + 1]);
         }
       }
+      done_m0 = m0;
+      m0 = following;
     }
 
     // Epilogue: dK (times scale) and dV through this warp's own rows of the K and V tiles, then
@@ -519,9 +531,8 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
     cp_async_wait<0>();
     fence_proxy_async_shared();  // the dQ stores, to the bulk reduction
     __syncthreads();
-    if (n_iters > 0 && tid == 0) {
-      const int64_t last = m_begin + static_cast<int64_t>(n_iters - 1) * BM;
-      bulk_reduce_add_f32(dq_accum + (b * rows_padded + last) * D, dq_stage, F::kDqBytes);
+    if (done_m0 >= 0 && tid == 0) {
+      bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, dq_stage, F::kDqBytes);
       bulk_commit_group();  // the next item's first restaging waits for it, as every one does
     }
 #pragma unroll
@@ -586,7 +597,8 @@ template <typename T, class F>
 bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
                      const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
                      T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
-  auto* kernel = for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs>, flash_backward_sm90_kernel<T, F, kMaskOnly>,
+  auto* kernel = for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs>,
+                                flash_backward_sm90_kernel<T, F, kMaskOnly>,
                                 flash_backward_sm90_kernel<T, F, kMaskAndDropout>);
   if (!detail::has_tensor_core_image(kernel)) {
     return false;

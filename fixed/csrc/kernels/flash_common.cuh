@@ -177,6 +177,33 @@ Kernel* for_score_args(const AttentionProblem& p, Kernel* none, Kernel* mask, Ke
   return p.dropout_p > 0.f ? all : p.mask != nullptr ? mask : none;
 }
 
+// The side of the square tiles of AttentionProblem::hidden_tiles: a divisor of every
+// tensor-core kernel's blocks of rows and keys.
+constexpr int kHiddenTile = 64;
+
+// Whether the mask hides every score of rows [row0, row0 + rows) x keys [key0, key0 + keys) of
+// batch item b (row0 and key0 multiples of kHiddenTile; the ranges end at L and S): a block the
+// kernels can skip, as its probabilities are all 0. False without a map. Uniform when its
+// arguments are.
+__device__ __forceinline__ bool hidden_block(const AttentionProblem& p, int64_t b, int64_t row0,
+                                             int rows, int64_t key0, int keys) {
+  if (p.hidden_tiles == nullptr) {
+    return false;
+  }
+  const uint8_t* const tiles = p.hidden_tiles + (b / p.heads) * p.hidden_stride_outer +
+                               (b % p.heads) * p.hidden_stride_head;
+  const int64_t row_end = min64(row0 + rows, p.len_q), key_end = min64(key0 + keys, p.len_kv);
+  for (int64_t r = row0; r < row_end; r += kHiddenTile) {
+    for (int64_t k = key0; k < key_end; k += kHiddenTile) {
+      if (!tiles[(r / kHiddenTile) * p.hidden_stride_row +
+                 (k / kHiddenTile) * p.hidden_stride_col]) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // Batch item b's (L, S) slice of the additive float32 mask (strides may be 0), or null.
 __device__ __forceinline__ const float* mask_rows(const AttentionProblem& p, int64_t b) {
   return p.mask == nullptr

@@ -585,7 +585,8 @@ namespace detail {
 template <typename T, class F>
 bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
             cudaStream_t stream) {
-  auto* kernel = for_score_args(p, flash_forward_kernel<T, F, kNoArgs>, flash_forward_kernel<T, F, kMaskOnly>,
+  auto* kernel = for_score_args(p, flash_forward_kernel<T, F, kNoArgs>,
+                                flash_forward_kernel<T, F, kMaskOnly>,
                                 flash_forward_kernel<T, F, kMaskAndDropout>);
   if (!has_tensor_core_image(kernel)) {
     return false;

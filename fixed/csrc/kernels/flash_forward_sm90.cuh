@@ -167,11 +167,22 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
     const int64_t kv_b = (b / p.kv_group) * S * D;  // under GQA, its group's K and V
     const int64_t key_end = p.causal ? min64(S, min64(m0 + kBlockM, L)) : S;
     const int n_blocks = static_cast<int>(ceil_div(key_end, kBlockN));
+    // The next key block after `block` that the mask does not hide entirely (n_blocks: none);
+    // without a map of hidden tiles, block + 1.
+    const auto next_visible = [&](int block) {
+      do {
+        ++block;
+      } while (kArgs != kNoArgs && block < n_blocks &&
+               hidden_block(p, b, m0, kBlockM, static_cast<int64_t>(block) * kBlockN, kBlockN));
+      return block;
+    };
+    int block = next_visible(-1);
 
     load_tile_sw128<F, kBlockM>(q_tile, q + (b * L + m0) * D, L - m0, tid);
     cp_async_commit();
-    load_tile_sw128<F, kBlockN>(k_tiles, k + kv_b, S, tid);
-    load_tile_sw128<F, kBlockN>(v_tiles, v + kv_b, S, tid);
+    const int64_t first_key = static_cast<int64_t>(block) * kBlockN;
+    load_tile_sw128<F, kBlockN>(k_tiles, k + kv_b + first_key * D, S - first_key, tid);
+    load_tile_sw128<F, kBlockN>(v_tiles, v + kv_b + first_key * D, S - first_key, tid);
     cp_async_commit();
     if (negate_q) {  // uniform; each thread flips the chunks of Q it copied itself
       cp_async_wait<1>();
@@ -197,13 +208,14 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
 
-    for (int block = 0; block < n_blocks; ++block) {
-      const uint32_t buffer = static_cast<uint32_t>(block & 1) * kKVBytes;
+    for (int it = 0; block < n_blocks; ++it) {
+      const uint32_t buffer = static_cast<uint32_t>(it & 1) * kKVBytes;
       cp_async_wait<0>();
       fence_proxy_async_shared();  // this thread's copies (and Q's sign flips) to wgmma
       __syncthreads();  // block visible to all warps; every warp done with the other buffer
-      if (block + 1 < n_blocks) {
-        const int64_t next = static_cast<int64_t>(block + 1) * kBlockN;
+      const int following = next_visible(block);
+      if (following < n_blocks) {
+        const int64_t next = static_cast<int64_t>(following) * kBlockN;
         const uint32_t other = kKVBytes - buffer;
         load_tile_sw128<F, kBlockN>(k_tiles + other, k + kv_b + next * D, S - next, tid);
         load_tile_sw128<F, kBlockN>(v_tiles + other, v + kv_b + next * D, S - next, tid);
@@ -362,6 +374,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
       wgmma_commit_group();
       wgmma_wait_group<0>();  // before the next barrier lets this V buffer be refilled
       wgmma_fence_operands(o);
+      block = following;
     }
     cp_async_wait<0>();  // the last, empty group
 
@@ -424,7 +437,8 @@ inline bool current_device_is_sm90() {
 template <typename T, class F>
 bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
             cudaStream_t stream) {
-  auto* kernel = for_score_args(p, flash_forward_sm90_kernel<T, F, kNoArgs>, flash_forward_sm90_kernel<T, F, kMaskOnly>,
+  auto* kernel = for_score_args(p, flash_forward_sm90_kernel<T, F, kNoArgs>,
+                                flash_forward_sm90_kernel<T, F, kMaskOnly>,
                                 flash_forward_sm90_kernel<T, F, kMaskAndDropout>);
   if (!detail::has_tensor_core_image(kernel)) {
     return false;
