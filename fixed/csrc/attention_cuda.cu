@@ -22,7 +22,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraphsUtils.cuh>
-#include <ATen/ops/amax.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
@@ -77,10 +76,17 @@ typename CudaType<scalar_t>::type* cuda_mutable_ptr(at::Tensor& tensor) {
 // Which kHiddenTile x kHiddenTile tiles (rows x keys) of the additive mask, additive_mask's
 // (batch / heads, heads, L, S) view, are entirely -inf: a uint8 map, 1 where hidden, for the
 // tensor-core kernels to skip those blocks (a causal, sliding-window or padding mask hides many;
-// their probabilities are all 0, so skipping changes nothing). Computed on the mask's own
-// elements (size 1 where it is broadcast, the map too), and only where those are at most an
-// eighth of the scores, so that the pass costs little beside the kernels; otherwise none.
-std::optional<at::Tensor> hidden_tiles(const at::Tensor& mask, const AttentionShape& shape) {
+// their probabilities are all 0, so skipping changes nothing). Computed by one kernel launch on
+// `stream` from the mask's own elements (size 1 where it is broadcast, the map too), and only
+// where those are at most an eighth of the scores, so that the pass costs little beside the
+// attention kernels; otherwise none.
+struct HiddenTiles {
+  at::Tensor any;    // int32 [1]: nonzero when some tile is hidden
+  at::Tensor tiles;  // uint8 (outer or 1, heads or 1, row tiles or 1, key tiles or 1), 1: hidden
+};
+
+std::optional<HiddenTiles> hidden_tiles(const at::Tensor& mask, const AttentionShape& shape,
+                                        cudaStream_t stream) {
   constexpr int64_t kTile = kernels::flash::kHiddenTile;
   at::Tensor own = mask;
   for (int64_t dim = 0; dim < 4; ++dim) {
@@ -92,19 +98,20 @@ std::optional<at::Tensor> hidden_tiles(const at::Tensor& mask, const AttentionSh
       (shape.len_q <= kTile && shape.len_kv <= kTile)) {
     return std::nullopt;
   }
-  // Rows and keys padded to whole tiles with -inf (rows past L are never computed, keys past S
-  // never seen), unless broadcast.
   const int64_t rows = own.size(2), keys = own.size(3);
-  const int64_t tile_rows = rows == 1 ? 1 : kTile, tile_keys = keys == 1 ? 1 : kTile;
+  const int tile_rows = rows == 1 ? 1 : kTile, tile_keys = keys == 1 ? 1 : kTile;
   const int64_t row_tiles = kernels::ceil_div(rows, tile_rows);
   const int64_t key_tiles = kernels::ceil_div(keys, tile_keys);
-  const at::Tensor whole =
-      at::constant_pad_nd(own, {0, key_tiles * tile_keys - keys, 0, row_tiles * tile_rows - rows},
-                          -std::numeric_limits<double>::infinity())
-          .reshape({own.size(0), own.size(1), row_tiles, tile_rows, key_tiles, tile_keys});
-  return at::amax(whole, {3, 5})
-      .eq(-std::numeric_limits<double>::infinity())
-      .to(at::kByte);  // (outer or 1, heads or 1, row tiles or 1, key tiles or 1), contiguous
+  HiddenTiles hidden{at::zeros({1}, mask.options().dtype(at::kInt)),
+                     at::empty({own.size(0), own.size(1), row_tiles, key_tiles},
+                               mask.options().dtype(at::kByte))};
+  const int64_t tiles = hidden.tiles.numel();
+  kernels::flash::hidden_tiles_kernel<<<kernels::detail::grid_for(tiles), 256, 0, stream>>>(
+      own.const_data_ptr<float>(), own.stride(0), own.stride(1), own.stride(2), own.stride(3),
+      own.size(1), rows, keys, tile_rows, tile_keys, row_tiles, key_tiles, tiles,
+      hidden.tiles.mutable_data_ptr<uint8_t>(), hidden.any.mutable_data_ptr<int>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return hidden;
 }
 
 // mask: additive_mask's (batch / heads, heads, L, S) float32 view, or none; hidden: its
@@ -112,7 +119,7 @@ std::optional<at::Tensor> hidden_tiles(const at::Tensor& mask, const AttentionSh
 // (they read them on the stream, in order).
 kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale, bool causal,
                                        const std::optional<at::Tensor>& mask,
-                                       const std::optional<at::Tensor>& hidden, double dropout_p,
+                                       const std::optional<HiddenTiles>& hidden, double dropout_p,
                                        uint64_t dropout_seed) {
   kernels::AttentionProblem problem{shape.batch, shape.len_q, shape.len_kv, shape.head_dim,
                                     static_cast<float>(scale), causal};
@@ -127,10 +134,10 @@ kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale
     problem.mask_stride_col = mask->stride(3);
   }
   if (hidden.has_value()) {  // a dimension of size 1 is broadcast: stride 0
-    const auto stride = [&](int64_t dim) {
-      return hidden->size(dim) == 1 ? 0 : hidden->stride(dim);
-    };
-    problem.hidden_tiles = hidden->const_data_ptr<uint8_t>();
+    const at::Tensor& tiles = hidden->tiles;
+    const auto stride = [&](int64_t dim) { return tiles.size(dim) == 1 ? 0 : tiles.stride(dim); };
+    problem.hidden_tiles = tiles.const_data_ptr<uint8_t>();
+    problem.any_hidden = hidden->any.const_data_ptr<int>();
     problem.hidden_stride_outer = stride(0);
     problem.hidden_stride_head = stride(1);
     problem.hidden_stride_row = stride(2);
@@ -158,11 +165,11 @@ int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape) {
 }
 
 // hidden_tiles where a tensor-core kernel may use it (half or bfloat16 inputs with a mask).
-std::optional<at::Tensor> tiles_to_skip(const at::Tensor& query,
+std::optional<HiddenTiles> tiles_to_skip(const at::Tensor& query,
                                         const std::optional<at::Tensor>& mask,
-                                        const AttentionShape& shape) {
+                                        const AttentionShape& shape, cudaStream_t stream) {
   const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
-  return half && mask.has_value() ? hidden_tiles(*mask, shape) : std::nullopt;
+  return half && mask.has_value() ? hidden_tiles(*mask, shape, stream) : std::nullopt;
 }
 
 // `tensor` with zero columns appended up to `width` in its last dim: a new contiguous tensor.
@@ -236,7 +243,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   const at::Tensor q = query.contiguous();  // (B, L, E)
   const at::Tensor k = key.contiguous();    // (B / kv_group, S, E)
   const at::Tensor v = value.contiguous();  // (B / kv_group, S, Ev)
-  const std::optional<at::Tensor> hidden = tiles_to_skip(query, mask, shape);
+  const std::optional<HiddenTiles> hidden = tiles_to_skip(query, mask, shape, stream);
   const kernels::AttentionProblem problem =
       make_problem(shape, scale, causal, mask, hidden, dropout_p, seed);
 
@@ -313,7 +320,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const at::Tensor v = value.contiguous();           // (B / kv_group, S, Ev)
   const at::Tensor out = output.contiguous();        // (B, L, Ev)
   const at::Tensor lse = logsumexp.contiguous();     // (B, L), float32
-  const std::optional<at::Tensor> hidden = tiles_to_skip(query, mask, shape);
+  const std::optional<HiddenTiles> hidden = tiles_to_skip(query, mask, shape, stream);
   const kernels::AttentionProblem problem =
       make_problem(shape, scale, causal, mask, hidden, dropout_p, seed);
 

@@ -46,6 +46,7 @@ struct AttentionProblem {
   // keys) the mask hides entirely (1: every entry -inf), indexed as the mask is, by tile, with
   // strides (0 where broadcast). Those kernels skip blocks made of hidden tiles; null: none.
   const uint8_t* hidden_tiles = nullptr;
+  const int* any_hidden = nullptr;  // with hidden_tiles: nonzero when some tile is hidden
   int64_t hidden_stride_outer = 0, hidden_stride_head = 0, hidden_stride_row = 0,
           hidden_stride_col = 0;
   float dropout_p = 0.f;  // 0: none

@@ -251,6 +251,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
   const float keep_scale = dropout_scale(p.dropout_p);
   constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;
+  const bool skips = kArgs == kMaskOnly && skips_hidden_blocks(p);
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
@@ -266,7 +267,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
     const auto next_visible = [&](int64_t m) {
       do {
         m += BM;
-      } while (kArgs == kMaskOnly && m < L && hidden_block(p, b, m, BM, n0, BN));
+      } while (skips && m < L && hidden_block(p, b, m, BM, n0, BN));
       return m;
     };
     int64_t m0 = next_visible(m_begin - BM);  // this iteration's query block

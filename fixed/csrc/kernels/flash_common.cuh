@@ -181,15 +181,18 @@ Kernel* for_score_args(const AttentionProblem& p, Kernel* none, Kernel* mask, Ke
 // tensor-core kernel's blocks of rows and keys.
 constexpr int kHiddenTile = 64;
 
+// Whether the kernel should look blocks up in the map at all: one load per CTA, so that a mask
+// that hides no tile (most float masks) costs no lookup per block.
+__device__ __forceinline__ bool skips_hidden_blocks(const AttentionProblem& p) {
+  return p.hidden_tiles != nullptr && *p.any_hidden != 0;
+}
+
 // Whether the mask hides every score of rows [row0, row0 + rows) x keys [key0, key0 + keys) of
 // batch item b (row0 and key0 multiples of kHiddenTile; the ranges end at L and S): a block the
-// kernels can skip, as its probabilities are all 0. False without a map. Uniform when its
-// arguments are.
+// kernels can skip, as its probabilities are all 0. Only where skips_hidden_blocks. Uniform
+// when its arguments are.
 __device__ __forceinline__ bool hidden_block(const AttentionProblem& p, int64_t b, int64_t row0,
                                              int rows, int64_t key0, int keys) {
-  if (p.hidden_tiles == nullptr) {
-    return false;
-  }
   const uint8_t* const tiles = p.hidden_tiles + (b / p.heads) * p.hidden_stride_outer +
                                (b % p.heads) * p.hidden_stride_head;
   const int64_t row_end = min64(row0 + rows, p.len_q), key_end = min64(key0 + keys, p.len_kv);
@@ -202,6 +205,41 @@ __device__ __forceinline__ bool hidden_block(const AttentionProblem& p, int64_t 
     }
   }
   return true;
+}
+
+// The map itself: hidden[tile] = 1 when every entry of that tile of the mask is -inf. Tiles are
+// tile_rows x tile_keys (kHiddenTile, or 1 along a dimension the mask broadcasts), numbered
+// (outer, head, row tile, key tile) row-major; the mask is read through its strides, one block
+// per tile (consecutive threads on consecutive keys). *any_hidden (zeroed before) becomes
+// nonzero when some tile is hidden.
+__global__ void __launch_bounds__(256)
+    hidden_tiles_kernel(const float* __restrict__ mask, const int64_t stride_outer,
+                        const int64_t stride_head, const int64_t stride_row,
+                        const int64_t stride_col, const int64_t heads, const int64_t rows,
+                        const int64_t keys, const int tile_rows, const int tile_keys,
+                        const int64_t row_tiles, const int64_t key_tiles, const int64_t tiles,
+                        uint8_t* __restrict__ hidden, int* __restrict__ any_hidden) {
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t key_tile = tile % key_tiles, row_tile = (tile / key_tiles) % row_tiles;
+    const int64_t slice = tile / (key_tiles * row_tiles);
+    const float* const base =
+        mask + (slice / heads) * stride_outer + (slice % heads) * stride_head;
+    bool all_hidden = true;
+    for (int i = static_cast<int>(threadIdx.x); i < tile_rows * tile_keys; i += blockDim.x) {
+      const int64_t row = row_tile * tile_rows + i / tile_keys;
+      const int64_t key = key_tile * tile_keys + i % tile_keys;
+      if (row < rows && key < keys) {
+        all_hidden = all_hidden && base[row * stride_row + key * stride_col] == -INFINITY;
+      }
+    }
+    all_hidden = __syncthreads_and(all_hidden);
+    if (threadIdx.x == 0) {
+      hidden[tile] = all_hidden ? 1 : 0;
+      if (all_hidden) {
+        atomicOr(any_hidden, 1);
+      }
+    }
+  }
 }
 
 // Batch item b's (L, S) slice of the additive float32 mask (strides may be 0), or null.

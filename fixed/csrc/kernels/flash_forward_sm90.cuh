@@ -151,6 +151,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   const float mask_scale = fabsf(p.scale) * kLog2e;
   const float keep_scale = dropout_scale(p.dropout_p);
   const bool mask_pairs = has_mask && mask_in_pairs(p);
+  const bool skips = kArgs != kNoArgs && skips_hidden_blocks(p);
 
   for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / row_blocks;
@@ -172,7 +173,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
     const auto next_visible = [&](int block) {
       do {
         ++block;
-      } while (kArgs != kNoArgs && block < n_blocks &&
+      } while (skips && block < n_blocks &&
                hidden_block(p, b, m0, kBlockM, static_cast<int64_t>(block) * kBlockN, kBlockN));
       return block;
     };
