@@ -1,9 +1,9 @@
 """The `args` section: what SDPA's other arguments cost fixed/ against SDPA's default, bfloat16,
 forward and forward+backward, at one LLM shape. Each case changes one thing from the plain
-D = 128 row: a bool mask, an additive float mask, grouped-query heads, a head dim the tensor
-cores do not take as it is, Ev != E, dropout. The tensor-core kernels take the plain case, GQA,
-and (padded to 128) head dim 80 and Ev != E; the mask and dropout rows measure the generic
-kernels (perf/NOTES.md).
+D = 128 row: a bool mask (the causal mask as a tensor: half its blocks hidden, which the Hopper
+kernels skip), an additive float mask (nothing hidden), grouped-query heads, a head dim the
+tensor cores do not take as it is, Ev != E, dropout. Every row runs the tensor-core kernels;
+head dim 80 and Ev != E padded to 128 (perf/NOTES.md).
 
 Rows are checked against the float32 math reference with the same arguments, except dropout,
 whose keep mask differs from SDPA's by design: those rows say so and are timed unchecked."""

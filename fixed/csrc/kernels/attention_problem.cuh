@@ -64,8 +64,8 @@ __host__ __device__ __forceinline__ float dropout_scale(float p) {
   return p < 1.f ? 1.f / (1.f - p) : 0.f;
 }
 
-// The plain problem: Ev = E, one K/V head per query head, no mask, no dropout. The tensor-core
-// kernels take only this one. Each generic kernel has an instantiation for it (kPlain) that
+// The plain problem: Ev = E, one K/V head per query head, no mask, no dropout. Each generic
+// kernel has an instantiation for it (kPlain) that
 // has those as constants, so that it keeps the registers, hence the occupancy and speed, of a
 // kernel without the rest (the general instantiation takes up to 60 registers per thread
 // more: a block less per SM).

@@ -1,8 +1,8 @@
 // FlashAttention-2-style backward for half and bfloat16 on tensor cores (mma.sync m16n8k16,
 // ldmatrix, cp.async: sm_80 and later), head dims 64 and 128. The launcher at the bottom
 // returns false, launching nothing, for every case it does not cover (float32, other head dims,
-// Ev != E, a mask, dropout, tensors not 16-byte aligned, no sm_80+ image for the device; GQA it
-// takes, with dK and dV per query head for the caller to sum);
+// Ev != E, tensors not 16-byte aligned, no sm_80+ image for the device; GQA it takes, with dK
+// and dV per query head for the caller to sum, and a mask and dropout, as the forward does);
 // the caller then runs the generic kernels of attention_kernels.cuh, which compute the same
 // gradients. On Hopper (compute capability 9.0) flash_backward_sm90.cuh (wgmma) is tried
 // first; it reuses the prologue and dq kernels here, and its main kernel runs

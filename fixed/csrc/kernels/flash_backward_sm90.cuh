@@ -9,8 +9,9 @@
 // workspace by one bulk reduction instead of per-thread atomics: 1.2-1.3x more (v14).
 //
 // launch_flash_backward at the bottom is the glue's entry point: on a device of compute
-// capability 9.0 it takes bf16/fp16 at head dim 64 or 128 (takes_tensor_cores: GQA included;
-// 16-byte aligned tensors) on this kernel, otherwise it calls flash_backward.cuh's
+// capability 9.0 it takes bf16/fp16 at head dim 64 or 128 (takes_tensor_cores: GQA, a mask and
+// dropout included, query blocks a mask hides entirely skipped; 16-byte aligned tensors) on this
+// kernel, otherwise it calls flash_backward.cuh's
 // launch_flash_backward_mma_sync (which declines what neither covers: the caller then runs the
 // generic kernels). The wgmma body
 // exists only in an sm_90a image (fixed/_build.py compiles sm_90a wherever the arch list has

@@ -1,9 +1,11 @@
 // FlashAttention-2-style forward for half and bfloat16 on tensor cores (mma.sync m16n8k16,
 // ldmatrix, cp.async: sm_80 and later, Ampere and Hopper), head dims 64 and 128. The launchers
 // at the bottom return false, launching nothing, for every case they do not cover (float32,
-// other head dims, Ev != E, a mask, dropout, inputs not 16-byte aligned, no sm_80+ image of
-// the kernel for the device; GQA it takes, each query head reading its group's K and V); the
-// caller then runs the generic kernel of attention_kernels.cuh: the same function. On Hopper
+// other head dims, Ev != E, inputs not 16-byte aligned, no sm_80+ image of the kernel for the
+// device); the caller then runs the generic kernel of attention_kernels.cuh: the same function.
+// GQA they take (each query head reads its group's K and V), and an additive mask and dropout,
+// in separate instantiations (flash_common.cuh's ScoreArgs): the mask's entry is added to each
+// scaled score, dropout scales the probabilities that go into P V. On Hopper
 // (compute capability 9.0) the caller tries flash_forward_sm90.cuh (wgmma) first, which takes
 // both head dims; its kernel runs flash_forward_cta below in images without wgmma.
 //

@@ -7,7 +7,8 @@
 // on an H200, 1.4x the mma.sync kernel at D = 128 and 1.06x at D = 64 (perf/NOTES.md, v11).
 //
 // The launcher takes bf16/fp16 at head dim 64 or 128 (flash_common.cuh's takes_tensor_cores:
-// GQA included) on a device of compute capability 9.0 and declines everything else (the caller
+// GQA, a mask and dropout included; key blocks a mask hides entirely are skipped) on a device of
+// compute capability 9.0 and declines everything else (the caller
 // then tries flash_forward.cuh). The wgmma body exists only in an sm_90a image
 // (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In any other image the
 // kernel runs flash_forward.cuh's mma.sync body with a tiling of the same CTA shape: slower,
