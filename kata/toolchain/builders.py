@@ -236,6 +236,7 @@ PURE_CUDA_SOURCES = (
     FIXED_DIR / "csrc" / "kernels" / "attention_backward_kernels.cuh",
     FIXED_DIR / "csrc" / "kernels" / "flash_common.cuh",
     FIXED_DIR / "csrc" / "kernels" / "flash_forward.cuh",
+    FIXED_DIR / "csrc" / "kernels" / "flash_backward_rows.cuh",
     FIXED_DIR / "csrc" / "kernels" / "flash_backward.cuh",
     FIXED_DIR / "csrc" / "kernels" / "wgmma.cuh",
     FIXED_DIR / "csrc" / "kernels" / "flash_forward_sm90.cuh",

@@ -9,7 +9,7 @@
 // flash_backward_cta below in images without wgmma.
 //
 // No torch includes: CI compile-checks it without a GPU (kata/toolchain/builders.py). The fragment
-// layouts of mma.m16n8k16 and ldmatrix are spelled out in flash_forward.cuh's header comment.
+// layouts of mma.m16n8k16 and ldmatrix are spelled out in flash_common.cuh's header comment.
 //
 // The gradients, per batch item, for visible pairs (query i, key j) (all, or j <= i when causal):
 //   P_ij  = exp(scale q_i.k_j - lse_i)            (lse from the forward: no softmax statistics)
@@ -18,16 +18,12 @@
 //   dV_j = sum_i P_ij dO_i    dK_j = scale sum_i dS_ij q_i    dQ_i = scale sum_j dS_ij k_j
 //
 // ------------------------------------------------------------------------------- kernels
-// 1. flash_backward_prologue_kernel: delta_i, lse_i log2(e) (the main kernel works in the log2
-//    domain), both padded to a whole number of query blocks (pad rows: delta 0, lse +inf, so
-//    their P is exactly 0), and zeros the float32 dQ accumulator. Memory-bound: reads dO and O.
-// 2. flash_backward_kernel: one CTA per (batch item, block of kBlockN = 128 keys), looping over
-//    the query blocks of kBlockM rows (128 for D = 64, 64 for D = 128) that can see those keys.
-//    dK and dV of its keys stay in registers for the whole loop; dQ gets each CTA's
-//    contribution by float32 atomics.
-// 3. flash_backward_dq_kernel: dQ = scale * accumulator, rounded to the input dtype.
-// The accumulator's layout is plain row-major (B, Lp, D) for this file's kernel; the wgmma
-// kernel's swizzles it (swizzled_dq_chunk), which that kernel's mma.sync body follows.
+// The prologue kernel (delta, lse log2(e), the zeroed dQ accumulator), then
+// flash_backward_kernel: one CTA per (batch item, block of kBlockN = 128 keys), looping over the
+// query blocks of kBlockM rows (128 for D = 64, 64 for D = 128) that can see those keys. dK and
+// dV of its keys stay in registers for the whole loop; dQ gets each CTA's contribution by
+// float32 atomics. Then the dq kernel (dQ = scale * accumulator). The prologue and dq kernels
+// are in flash_backward_rows.cuh, shared with the wgmma backward.
 //
 // ---------------------------------------------------------------------- the main kernel
 // 8 warps; warp w owns keys [16 w, 16 w + 16) of the CTA's block, so that it computes the
@@ -90,7 +86,8 @@
 #include <cstdint>
 
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
-#include "flash_common.cuh"       // PTX wrappers, swizzled tiles, load_tile
+#include "flash_backward_rows.cuh"  // prologue and dq kernels, shared-memory helpers
+#include "flash_common.cuh"         // PTX wrappers, swizzled tiles, load_tile
 
 namespace fixed_attention {
 namespace kernels {
@@ -138,119 +135,8 @@ struct BackwardTiling {
 using BackwardTiling64 = BackwardTiling<64, 128, 32>;
 using BackwardTiling128 = BackwardTiling<128, 64, 16>;
 
-// The prologue and dQ kernels: 256 threads, 16-byte accesses.
-constexpr int kRowKernelThreads = 256;
+// ------------------------------------------------------------------------ the main kernel
 
-// Rows of the padded per-row buffers (lse log2(e), delta, dQ accumulator): whole query blocks.
-template <class F>
-inline int64_t padded_rows(int64_t len_q) {
-  return ceil_div(len_q, F::kBlockM) * F::kBlockM;
-}
-
-// ------------------------------------------------------------------------ kernel 1
-
-// Thread group of kChunks lanes per row (one 16-byte chunk of dO and O each); rows past L are
-// the padding. A warp covers 32 / kChunks consecutive rows, so shuffles never leave the warp
-// and every lane of it runs the same number of iterations.
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kRowKernelThreads)
-    flash_backward_prologue_kernel(const T* __restrict__ dout,     // (B, L, D)
-                                   const T* __restrict__ out,      // (B, L, D)
-                                   const float* __restrict__ lse,  // (B, L), natural log
-                                   float* __restrict__ lse_log2,   // (B, Lp), lse log2(e)
-                                   float* __restrict__ delta,      // (B, Lp)
-                                   float* __restrict__ dq_accum,   // (B, Lp, D), zeroed here
-                                   const int64_t batch, const int64_t len_q,
-                                   const int64_t rows_padded) {
-  constexpr int kChunks = kHeadDim / 8;
-  constexpr int kRowsPerWarp = 32 / kChunks;
-  constexpr float kLog2e = 1.4426950408889634f;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int chunk = lane % kChunks;
-  const int64_t total_rows = batch * rows_padded;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowKernelThreads / 32);
-  const int64_t first_warp =
-      static_cast<int64_t>(blockIdx.x) * (kRowKernelThreads / 32) + (threadIdx.x >> 5);
-  for (int64_t base = first_warp * kRowsPerWarp; base < total_rows;
-       base += warps * kRowsPerWarp) {
-    const int64_t row = base + lane / kChunks;  // in (B, Lp)
-    const int64_t b = row / rows_padded;
-    const int64_t i = row % rows_padded;
-    const bool real = row < total_rows && i < len_q;
-    float dot = 0.f;
-    if (real) {
-      const int64_t offset = (b * len_q + i) * kHeadDim + chunk * 8;
-      const uint4 dout_bits = *reinterpret_cast<const uint4*>(dout + offset);
-      const uint4 out_bits = *reinterpret_cast<const uint4*>(out + offset);
-      const T* const d8 = reinterpret_cast<const T*>(&dout_bits);
-      const T* const o8 = reinterpret_cast<const T*>(&out_bits);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        dot = fmaf(to_float(d8[e]), to_float(o8[e]), dot);
-      }
-    }
-#pragma unroll
-    for (int offset = kChunks / 2; offset > 0; offset /= 2) {
-      dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-    }
-    if (row < total_rows) {
-      if (chunk == 0) {
-        delta[row] = real ? dot : 0.f;
-        // +inf for pad rows, and for rows that saw no key (lse -inf: a mask hid every key), so
-        // that their P is exactly 0 (2^(-inf - inf)), never 2^(-inf + inf) = NaN.
-        const float row_lse = real ? lse[b * len_q + i] : -INFINITY;
-        lse_log2[row] = row_lse == -INFINITY ? INFINITY : row_lse * kLog2e;
-      }
-      float4* const accum = reinterpret_cast<float4*>(dq_accum + row * kHeadDim + chunk * 8);
-      accum[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-      accum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-}
-
-// ------------------------------------------------------------------------ kernel 2
-
-// Two consecutive floats from shared memory (8-byte aligned): a lane's lse or delta pair.
-__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t address) {
-  float2 value;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-               : "=f"(value.x), "=f"(value.y)
-               : "r"(address));
-  return value;
-}
-
-__device__ __forceinline__ void st_shared_b32(uint32_t address, uint32_t bits) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(bits) : "memory");
-}
-
-// The swizzled dQ accumulator (flash_backward_sm90.cuh): row r's 8-float (32-byte) chunk c is
-// stored at chunk c ^ (r & 7) of the same row, r counted in the padded (B, Lp) rows (Lp and
-// every query block start are multiples of 8, so a block's local row has the same r & 7). The
-// wgmma kernel stages a block's dQ in shared memory in this layout: a warp's 8 fragment rows
-// then fall on 8 different chunks, conflict-free, and the staged tile goes to global memory as
-// one contiguous bulk reduction.
-__host__ __device__ __forceinline__ int swizzled_dq_chunk(int chunk, int64_t row) {
-  return chunk ^ static_cast<int>(row & 7);
-}
-
-// kBlockM floats of each padded row buffer (lse log2(e), delta) into shared memory: the first
-// kBlockM / 4 threads copy lse, the next kBlockM / 4 delta, 16 bytes each (the buffers are
-// padded: always in bounds).
-template <int kBlockM>
-__device__ __forceinline__ void load_row_stats(uint32_t lse_dst, uint32_t delta_dst,
-                                               const float* lse_src, const float* delta_src,
-                                               int tid) {
-  constexpr int kCopies = kBlockM / 4;
-  if (tid < kCopies) {
-    cp_async_16(lse_dst + tid * 16, lse_src + tid * 4);
-  } else if (tid < 2 * kCopies) {
-    cp_async_16(delta_dst + (tid - kCopies) * 16, delta_src + (tid - kCopies) * 4);
-  }
-}
-
-// The whole CTA's work, every work item of the grid-stride loop (sm_80 and later). A device
-// function so that the sm_90a kernel (flash_backward_sm90.cuh) can run it as its body in images
-// without wgmma; that kernel's dQ accumulator is swizzled (kSwizzledDq, swizzled_dq_chunk).
 // kArgs: which of the mask and dropout it compiles (flash_common.cuh, ScoreArgs).
 template <typename T, class F, bool kSwizzledDq, int kArgs>
 __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,             // (B, L, D)
@@ -582,77 +468,9 @@ __global__ void __launch_bounds__(F::kThreads, 1)
 #endif  // __CUDA_ARCH__ >= 800
 }
 
-// ------------------------------------------------------------------------ kernel 3
-
-template <typename T, int kHeadDim, bool kSwizzledDq>
-__global__ void __launch_bounds__(kRowKernelThreads)
-    flash_backward_dq_kernel(const float* __restrict__ dq_accum,  // (B, Lp, D)
-                             T* __restrict__ dq,                  // (B, L, D)
-                             const int64_t batch, const int64_t len_q, const int64_t rows_padded,
-                             const float scale) {
-  // One thread per 8 elements: two 16-byte loads, one 16-byte store.
-  constexpr int kChunks = kHeadDim / 8;
-  const int64_t total = batch * len_q * kChunks;
-  for (int64_t index = static_cast<int64_t>(blockIdx.x) * kRowKernelThreads + threadIdx.x;
-       index < total; index += static_cast<int64_t>(gridDim.x) * kRowKernelThreads) {
-    const int64_t row = index / kChunks;  // in (B, L)
-    const int chunk = static_cast<int>(index % kChunks);
-    const int64_t b = row / len_q;
-    const int64_t i = row % len_q;
-    const int stored = kSwizzledDq ? swizzled_dq_chunk(chunk, i) : chunk;
-    const float4* const from =
-        reinterpret_cast<const float4*>(dq_accum + (b * rows_padded + i) * kHeadDim + stored * 8);
-    const float4 lo = from[0];
-    const float4 hi = from[1];
-    uint4 bits;
-    bits.x = pack2<T>(lo.x * scale, lo.y * scale);
-    bits.y = pack2<T>(lo.z * scale, lo.w * scale);
-    bits.z = pack2<T>(hi.x * scale, hi.y * scale);
-    bits.w = pack2<T>(hi.z * scale, hi.w * scale);
-    *reinterpret_cast<uint4*>(dq + row * kHeadDim + chunk * 8) = bits;
-  }
-}
-
 // ------------------------------------------------------------------------ host launchers
 
 namespace detail {
-
-// The main kernel's signature: flash_backward_kernel's, and flash_backward_sm90.cuh's.
-template <typename T>
-using BackwardMainKernel = void(const T*, const T*, const T*, const T*, const float*,
-                                const float*, float*, T*, T*, const AttentionProblem,
-                                const int64_t, const bool);
-
-// The backward's three launches on `stream`: the prologue and dq kernels of tiling F, and
-// `kernel` (F's flash_backward_kernel, or a kernel of F's CTA shape: kThreads threads, blocks
-// of kBlockN keys, the workspace padded to F::kBlockM rows) with `smem_bytes` of dynamic shared
-// memory; kSwizzledDq: `kernel` leaves the dQ accumulator swizzled (swizzled_dq_chunk). After
-// a failed launch it stops, leaving the error for the caller's launch check.
-template <typename T, class F, bool kSwizzledDq = false>
-void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* dout, const T* q,
-              const T* k, const T* v, const T* out, const float* lse, float* lse_log2,
-              float* delta, float* dq_accum, T* dq, T* dk, T* dv, const AttentionProblem& p,
-              cudaStream_t stream) {
-  const int64_t rows = padded_rows<F>(p.len_q);
-  constexpr int kRowsPerBlock = kRowKernelThreads / F::kChunks;
-  flash_backward_prologue_kernel<T, F::kHeadDim>
-      <<<kernels::detail::grid_for(ceil_div(p.batch * rows, kRowsPerBlock)), kRowKernelThreads,
-         0, stream>>>(dout, out, lse, lse_log2, delta, dq_accum, p.batch, p.len_q, rows);
-  if (cudaPeekAtLastError() != cudaSuccess) {
-    return;
-  }
-  kernels::detail::allow_shared_memory(kernel, smem_bytes);
-  const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN);
-  const bool longest_first = p.causal && longest_first_pays(p.batch, p.len_q, p.head_dim);  // Q, dO
-  kernel<<<kernels::detail::grid_for(work), F::kThreads, smem_bytes, stream>>>(
-      q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows, longest_first);
-  if (cudaPeekAtLastError() != cudaSuccess) {
-    return;
-  }
-  flash_backward_dq_kernel<T, F::kHeadDim, kSwizzledDq>
-      <<<kernels::detail::grid_for(ceil_div(p.batch * p.len_q * F::kChunks, kRowKernelThreads)),
-         kRowKernelThreads, 0, stream>>>(dq_accum, dq, p.batch, p.len_q, rows, p.scale);
-}
 
 template <typename T, class F>
 bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,

@@ -53,38 +53,8 @@
 // v6). Otherwise, and without causal masking (all items cost the same), batch-major, heaviest
 // row block first: one batch item's row blocks run together and share its K and V in L2.
 //
-// --------------------------------------------------------------- fragments (PTX ISA 9.7.14)
-// lane = 0..31, g = lane >> 2 (groupID), t = lane & 3 (threadID_in_group).
-// mma.m16n8k16 .row.col, f16/bf16 operands, f32 accumulators:
-//   A 16x16 (row = M, col = K), 4 b32 registers of 2 elements (low half = lower column):
-//     a[0] = A[g][2t, 2t+1]      a[1] = A[g+8][2t, 2t+1]
-//     a[2] = A[g][2t+8, 2t+9]    a[3] = A[g+8][2t+8, 2t+9]
-//   B 16x8 (row = K, col = N), 2 b32 registers:
-//     b[0] = B[2t, 2t+1][g]      b[1] = B[2t+8, 2t+9][g]
-//   C/D 16x8 f32, 4 registers:
-//     c[0], c[1] = C[g][2t, 2t+1]          c[2], c[3] = C[g+8][2t, 2t+1]
-// ldmatrix.m8n8.x4.b16: lanes 8i..8i+7 give the 8 row addresses (16 bytes each) of matrix i,
-// and register i of every lane receives from matrix i:
-//   plain:  M_i[g][2t, 2t+1]       (row g, two adjacent columns)
-//   .trans: M_i[2t][g], M_i[2t+1][g] (two adjacent rows, column g)
-// Hence, with Q, K, V row-major in shared memory (rows = tokens, columns = head dim d):
-// - Q as A (m-tile rows r0.., k-step d0..): lane gives row r0 + (lane & 15), column
-//   d0 + 8 (lane >> 4); matrices (rows 0-7, d 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
-//   are exactly a[0..3].
-// - K as B of S = Q K^T (B[k = d][n = key] = K[key][d], so K row-major is B "col"): lane gives
-//   key n0 + (lane & 7) + 8 (lane >> 4), column d0 + 8 ((lane >> 3) & 1); registers 0, 1 are
-//   b[0], b[1] of keys n0..n0+7 and registers 2, 3 those of keys n0+8..n0+15.
-// - V as B of O = P V (B[k = key][n = d] = V[key][d]: two adjacent keys per register, so
-//   .trans): lane gives key k0 + (lane & 15), column d0 + 8 (lane >> 4); registers 0, 1 are
-//   b[0], b[1] of columns d0..d0+7 and registers 2, 3 those of columns d0+8..d0+15.
-// - P as A of O = P V: the C fragments of S for keys 16kk..16kk+7 (n-tile 2kk) and
-//   16kk+8..16kk+15 (n-tile 2kk+1) are, packed in pairs, exactly a[0..3]:
-//     a[0] = S[2kk][c0, c1]   a[1] = S[2kk][c2, c3]   a[2] = S[2kk+1][c0, c1]
-//     a[3] = S[2kk+1][c2, c3]
-// - Row statistics: row g (and g+8) of an m-tile lives in the 4 lanes of a quad (same g), so
-//   row max and row sum reduce with __shfl_xor_sync over 1 and 2; the row sum is kept per lane
-//   and reduced once at the end (it is linear, and every lane of a quad rescales by the same
-//   factor).
+// Fragments: the layouts of mma.m16n8k16 and ldmatrix this kernel relies on are spelled out in
+// flash_common.cuh's header comment.
 //
 // ----------------------------------------------------------------------- shared memory
 // Tiles are row-major, D bf16/fp16 per row (128 or 256 bytes), in 16-byte chunks: chunk c of
