@@ -45,14 +45,14 @@ def _build(args) -> int:
 
 
 def _check_cuda(args) -> int:
-    from kata.toolchain.builders import PURE_CUDA_SOURCES, SM90A_CUDA_SOURCES, compile_check_cuda
+    from kata.toolchain.builders import compile_check_cuda, cuda_checks
 
-    for arch, sources in ((args.arch, PURE_CUDA_SOURCES), ("sm_90a", SM90A_CUDA_SOURCES)):
-        ran = compile_check_cuda(sources, arch=arch)
-        names = ", ".join(str(source.relative_to(REPO_ROOT)) for source in sources)
-        print(
-            f"nvcc -arch={arch} compiles {names}" + ("" if ran else " (unchanged: passed before)")
-        )
+    checks = cuda_checks(args.arch)
+    ran = compile_check_cuda(checks)
+    for check in checks:
+        how = "" if check.optimised else " (alone, unoptimised)"
+        print(f"nvcc {check.arch}: {check.source.relative_to(REPO_ROOT)}{how}")
+    print("compiled" if ran else "unchanged: passed before")
     return 0
 
 

@@ -479,13 +479,32 @@ def test_hint_command_names_unknown_ids():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("arch", ["sm_90", "sm_90a"])
-def test_pure_cuda_sources_compile_with_nvcc(arch):
+def test_pure_cuda_sources_compile_with_nvcc():
     """The vendor kernel and fixed/'s kernel headers compile without a GPU or torch headers, under
-    the flags torch's extension build gives nvcc (no implicit half/bfloat16 conversions); for
-    sm_90a, the headers with wgmma code (only that image has it)."""
-    sources = builders.PURE_CUDA_SOURCES if arch == "sm_90" else builders.SM90A_CUDA_SOURCES
-    builders.compile_check_cuda(sources, arch=arch)  # skipped when these bytes passed before
+    the flags torch's extension build gives nvcc (no implicit half/bfloat16 conversions): the
+    roots for sm_90 and, with wgmma code, sm_90a; every other header alone."""
+    builders.compile_check_cuda(builders.cuda_checks())  # skipped when these bytes passed before
+
+
+def test_the_cuda_checks_compile_every_kernel_header():
+    """Every header in the kernels' directory is checked, and every one is a root (compiled
+    optimised) or reached from one by its includes: a new header cannot slip past the check."""
+    checks = builders.cuda_checks()
+    kernels = builders.KERNELS_DIR
+    checked = {check.source for check in checks}
+    assert checked == {*builders.CUDA_ROOTS, *builders.CUDA_HEADERS}
+    assert {p for p in kernels.iterdir() if p.suffix == ".cuh"} <= checked
+    reached, frontier = set(), [c.source for c in checks if c.optimised]
+    while frontier:
+        source = frontier.pop()
+        for line in source.read_text().splitlines():
+            if line.startswith('#include "'):
+                included = source.parent / line.split('"')[1]
+                if included not in reached:
+                    reached.add(included)
+                    frontier.append(included)
+    assert set(builders.CUDA_HEADERS) <= reached
+    assert {c.arch for c in checks if c.optimised} == {"sm_90", "sm_90a"}
 
 
 def test_a_passed_cuda_check_reruns_only_when_an_input_changes(tmp_path, monkeypatch):
@@ -499,11 +518,15 @@ def test_a_passed_cuda_check_reruns_only_when_an_input_changes(tmp_path, monkeyp
     kernel, header = tmp_path / "kernel.cuh", tmp_path / "common.cuh"
     kernel.write_text('#include "common.cuh"\n')
     header.write_text("// v1\n")
-    assert builders.compile_check_cuda([kernel], arch="sm_90") and len(compiled) == 1
-    assert not builders.compile_check_cuda([kernel], arch="sm_90") and len(compiled) == 1
-    assert builders.compile_check_cuda([kernel], arch="sm_90a") and len(compiled) == 2
+    sm90, sm90a = [builders.CudaCheck(kernel, "sm_90")], [builders.CudaCheck(kernel, "sm_90a")]
+    assert builders.compile_check_cuda(sm90) and len(compiled) == 1
+    assert "-gencode=arch=compute_90,code=sm_90" in compiled[0]
+    assert not builders.compile_check_cuda(sm90) and len(compiled) == 1
+    assert builders.compile_check_cuda(sm90a) and len(compiled) == 2
+    unoptimised = [builders.CudaCheck(kernel, "sm_90", optimised=False)]
+    assert builders.compile_check_cuda(unoptimised) and "-O0" in compiled[2]
     header.write_text("// v2\n")
-    assert builders.compile_check_cuda([kernel], arch="sm_90") and len(compiled) == 3
+    assert builders.compile_check_cuda(sm90) and len(compiled) == 4
 
 
 def test_stale_vendor_library_is_rebuilt(candidate):

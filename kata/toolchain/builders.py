@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from kata import FIXED_DIR, REPO_ROOT, KataError
@@ -228,26 +229,58 @@ def build_fixed() -> None:
         raise KataError(f"cannot build fixed/: importing it failed:\n{detail}")
 
 
-# Pure CUDA sources (no torch headers): nvcc compiles them on a machine without a GPU.
-PURE_CUDA_SOURCES = (
+# Pure CUDA sources (no torch headers): nvcc compiles them on a machine without a GPU. The roots
+# (what no other source here includes) compile as the extension build compiles them, one image
+# each: every kernel is in one of them. A kernel header's launchers instantiate every kernel they
+# name, so compiling each header alone at full optimisation compiled the forward kernels three
+# times per image; alone and unoptimised, each header still shows that it includes what it uses.
+KERNELS_DIR = FIXED_DIR / "csrc" / "kernels"
+CUDA_ROOTS = (
     REPO_ROOT / "flawed" / CUDA_SOURCE,
-    FIXED_DIR / "csrc" / "kernels" / "attention_problem.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "attention_kernels.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "attention_backward_kernels.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "flash_common.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "flash_forward.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "flash_backward_rows.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "flash_backward.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "wgmma.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "flash_forward_sm90.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "flash_backward_sm90.cuh",
+    KERNELS_DIR / "attention_backward_kernels.cuh",  # the generic kernels
+    KERNELS_DIR / "flash_backward_sm90.cuh",  # every tensor-core kernel, forward and backward
 )
-# The ones with code only an sm_90a image has (wgmma): compiled for sm_90a as well.
-SM90A_CUDA_SOURCES = (
-    FIXED_DIR / "csrc" / "kernels" / "wgmma.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "flash_forward_sm90.cuh",
-    FIXED_DIR / "csrc" / "kernels" / "flash_backward_sm90.cuh",
+# The image with wgmma code (sm_90a): the root that holds it.
+SM90A_ROOTS = (KERNELS_DIR / "flash_backward_sm90.cuh",)
+CUDA_HEADERS = tuple(
+    KERNELS_DIR / name
+    for name in (
+        "attention_problem.cuh",
+        "attention_kernels.cuh",
+        "flash_common.cuh",
+        "flash_forward.cuh",
+        "flash_backward_rows.cuh",
+        "flash_backward.cuh",
+        "wgmma.cuh",
+        "flash_forward_sm90.cuh",
+    )
 )
+PURE_CUDA_SOURCES = (*CUDA_ROOTS, *CUDA_HEADERS)
+
+
+@dataclass(frozen=True)
+class CudaCheck:
+    """One nvcc run: `source` compiled for `arch`, optimised as the extension build optimises or
+    not at all (front end and ptxas still check everything; a third of the time)."""
+
+    source: Path
+    arch: str
+    optimised: bool = True
+
+    def flags(self) -> list[str]:
+        number = self.arch.removeprefix("sm_")
+        flags = [f"-gencode=arch=compute_{number},code=sm_{number}"]  # as the build: one image
+        return flags if self.optimised else [*flags, "-Xcicc", "-O0", "-Xptxas", "-O0"]
+
+
+def cuda_checks(arch: str = "sm_90") -> list[CudaCheck]:
+    """The roots for `arch` and for sm_90a, optimised; every other header alone, unoptimised.
+    The slowest first: they run side by side on every core."""
+    return [
+        *(CudaCheck(source, "sm_90a") for source in SM90A_ROOTS),
+        *(CudaCheck(source, arch) for source in reversed(CUDA_ROOTS)),
+        *(CudaCheck(source, arch, optimised=False) for source in reversed(CUDA_HEADERS)),
+    ]
 
 
 def _torch_nvcc_flags() -> list[str]:
@@ -261,31 +294,31 @@ def _torch_nvcc_flags() -> list[str]:
 CUDA_CHECKS_DIR = BUILD_DIR / "cuda-checks"  # one empty file per passed check, named by its inputs
 
 
-def compile_check_cuda(sources=PURE_CUDA_SOURCES, arch: str = "sm_90") -> bool:
-    """Compile pure CUDA sources with nvcc (no GPU needed, nothing runs). Skipped, returning
-    False, when the same check passed before: the same nvcc, flags and arch over the same bytes
-    of the sources and of every file they may include (their directories'); True when run."""
+def compile_check_cuda(checks: list[CudaCheck]) -> bool:
+    """Run nvcc's checks side by side (no GPU needed, nothing runs). Skipped, returning False,
+    when the same checks passed before: the same nvcc, flags and arches over the same bytes of
+    the sources and of every file they may include (their directories'); True when run."""
     purpose = "compile-check CUDA sources"
     nvcc = _require_tool("nvcc", purpose, "install the CUDA toolkit or put it on PATH")
-    flags = [f"-arch={arch}", *_torch_nvcc_flags(), "-x", "cu", "-c"]
-    passed = CUDA_CHECKS_DIR / f"{arch}-{_check_digest(nvcc, flags, sources)}"
+    common = [*_torch_nvcc_flags(), "-x", "cu", "-c"]
+    commands = [[nvcc, *check.flags(), *common, str(check.source)] for check in checks]
+    sources = sorted({check.source for check in checks})
+    passed = CUDA_CHECKS_DIR / _check_digest(nvcc, commands, sources)
     if passed.exists():
         return False
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(os.cpu_count()) as pool:
         compiles = [
-            pool.submit(
-                _run_compiler, [nvcc, *flags, str(source), "-o", f"{scratch}/{n}.o"], purpose
-            )
-            for n, source in enumerate(sources)
+            pool.submit(_run_compiler, [*command, "-o", f"{scratch}/{n}.o"], purpose)
+            for n, command in enumerate(commands)
         ]
         for compiled in compiles:
-            compiled.result()  # the first failure, in the order of `sources`
+            compiled.result()  # the first failure, in the order of `checks`
     CUDA_CHECKS_DIR.mkdir(parents=True, exist_ok=True)
     passed.touch()
     return True
 
 
-def _check_digest(nvcc: str, flags: list[str], sources) -> str:
+def _check_digest(nvcc: str, commands: list[list[str]], sources) -> str:
     digest = hashlib.sha256()
     try:
         version = subprocess.run(
@@ -293,7 +326,7 @@ def _check_digest(nvcc: str, flags: list[str], sources) -> str:
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         version = f"unknown {time.time()}"  # never matches: the check runs
-    digest.update(repr((version, flags, [str(source) for source in sources])).encode())
+    digest.update(repr((version, commands)).encode())
     included = sorted({path for source in sources for path in Path(source).parent.iterdir()})
     for path in included:
         if path.is_file():
