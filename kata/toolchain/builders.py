@@ -248,11 +248,13 @@ CUDA_HEADERS = tuple(
         "attention_problem.cuh",
         "attention_kernels.cuh",
         "flash_common.cuh",
+        "flash_forward_cta.cuh",
         "flash_forward.cuh",
         "flash_backward_rows.cuh",
         "flash_backward.cuh",
         "wgmma.cuh",
         "flash_forward_sm90.cuh",
+        "flash_backward_sm90_cta.cuh",
     )
 )
 PURE_CUDA_SOURCES = (*CUDA_ROOTS, *CUDA_HEADERS)

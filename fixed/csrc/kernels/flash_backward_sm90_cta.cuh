@@ -1,0 +1,560 @@
+// The CTA of flash_backward_sm90.cuh's wgmma backward (sm_90a): its tiling, the order of its
+// products, shared memory and registers, the BackwardTile of each head dim, and
+// wgmma_backward_cta, the body of flash_backward_sm90.cuh's kernel in sm_90a images. What the
+// launchers cover, the kernel and the launchers are in flash_backward_sm90.cuh.
+//
+// The gradients are flash_backward.cuh's: P_ij = exp(scale q_i.k_j - lse_i), dP_ij = dO_i.v_j,
+// delta_i = dO_i.O_i, dS_ij = P_ij (dP_ij - delta_i); dV_j = sum_i P_ij dO_i,
+// dK_j = scale sum_i dS_ij q_i, dQ_i = scale sum_j dS_ij k_j (the scale of dQ applied by the dq
+// kernel, that of dK in the epilogue here, as there).
+//
+// ---------------------------------------------------------------------------------- tiling
+// One CTA per (batch item, block of kBlockN = 128 keys): 2 warpgroups (8 warps, 256 threads);
+// warpgroup wg owns keys [64 wg, 64 wg + 64) of the block (wgmma's M = 64), its warp w (0..3)
+// keys 16 w .. 16 w + 15 of those, so warp `warp` of the CTA owns keys key_row0 = 16 warp ...
+// The loop runs over the query blocks of kBlockM rows that can see the keys, flash_backward.cuh's
+// blocks (D = 64: kBlockM = 128; D = 128: 64), so that the workspace rows (flash_backward_rows)
+// serve both kernels. Per query block m0 and warpgroup, M = R = kBlockM queries:
+//   1. S^T (64 keys x R, f32, R / 2 per thread) = K Q^T: D / 16 wgmma m64nRk16, A = the
+//      warpgroup's 64 rows of K, B = Q, both K-major in shared memory (the head dim contiguous).
+//   2. dP^T (64 x R) = V dO^T: the same with V and dO. Committed as a second group: P^T is
+//      computed while dP^T is in flight.
+//   3. P^T = 2^(S^T scale log2(e) - lse log2(e)) (0 where causal hides the pair), in place.
+//      Accumulator element s[4 j + e] (wgmma.cuh) is key key_row0 + g + 8 (e >> 1), query
+//      m0 + 8 j + 2 t + (e & 1); lse and delta of that query column come from shared memory.
+//   4. dV (64 x D, f32, D / 2 per thread) += P^T dO: R / 16 wgmma m64nDk16, A = P^T from
+//      registers: the fragment of k-step kk (queries 16 kk .. + 15) is S^T's n-tiles 2 kk and
+//      2 kk + 1 packed in pairs, p_frag[kk][r] = pack(s[8 kk + 2 r], s[8 kk + 2 r + 1]) (the
+//      identity the forward uses for P V: C fragment rows g, g + 8 and column pairs 2 t, 8 + 2 t
+//      are the A fragment's a0..a3); B = dO MN-major (the head dim, N, contiguous; k-step kk
+//      starts 16 rows further). Issued before dS^T is computed (kEarlyDv, the default at both
+//      head dims), or after it (kEarlyDv false: the A/B to measure).
+//   5. dS^T = P^T (dP^T - delta), in place in dP^T's registers, packed as P^T was.
+//   6. dS^T (bf16/fp16) to shared memory: the packed pair of rows key_row0 + g + 8 h, query
+//      columns 8 j + 2 t, + 1 is one 4-byte store, j = 2 kk + (r >> 1), h = r & 1.
+//      fence.proxy.async, then:
+//   7. dK (64 x D) += dS^T Q: as dV, A = the packed dS^T registers, B = Q MN-major.
+//   8. Barrier (both warpgroups' dS^T rows are in shared memory), then dQ = dS K, one 64 x 64
+//      tile per warpgroup (D = 64, R = 128: warpgroup wg takes queries 64 wg .., all of D;
+//      D = 128, R = 64: both take the 64 queries, warpgroup wg head dims 64 wg ..): 8 wgmma
+//      m64n64k16 over the 128 keys, A = dS read from the stored dS^T ([key][query], query
+//      contiguous) as an MN-major A (imm-trans-a), B = K ([key][d]) MN-major (imm-trans-b).
+//   9. Wait for all of it; dQ's f32 accumulator to the dQ stage in shared memory (element
+//      dq[4 j + e] is query 64 (row group) + 16 (warp & 3) + g + 8 (e >> 1) of the block, head
+//      dim 64 (column group) + 8 j + 2 t + (e & 1)), in the layout of the workspace rows
+//      m0 .. m0 + kBlockM - 1, with flash_backward.cuh's swizzled_dq_chunk (a warp's 8 rows on
+//      8 chunks: conflict-free 8-byte stores). After the next barrier one thread adds the whole
+//      stage to those rows with one cp.reduce.async.bulk .add.f32 (the TMA unit; 32 KB), where
+//      the first version issued 16 red.global.add.v2.f32 per thread (14-16% of the warps' stall
+//      samples in ncu, waiting for the memory queue; perf/NOTES.md, v14). The dq kernel reads
+//      the swizzled workspace; in images without wgmma the mma.sync body writes it swizzled too.
+// Two barriers per query block, as flash_backward.cuh: the one at the top (the block's Q, dO,
+// lse, delta have landed and are fenced for the async proxy; every warpgroup has waited for its
+// previous wgmmas, so the other buffers and the dS^T tile are free; the previous block's dQ is
+// staged: its bulk reduction is issued) and the one before dQ (before it the issuing thread
+// waits until that reduction has read the stage, which the stores after it overwrite). No
+// producer warp, TMA or warpgroup ping-pong (FlashAttention-3 has them): each product is waited
+// for before its result is used, except the overlaps named in 2 and 4.
+//
+// Causal (top-left, key j visible to query i when j <= i): the loop starts at the query block
+// holding the block's first key, as flash_backward.cuh; per warp, only query blocks with
+// m0 < n0 + key_row0 + 15 (some query of the block before some key of the warp) are masked,
+// element by element: query m0 + 8 j + 2 t + (e & 1) < key n0 + key_row0 + g + 8 (e >> 1) gives
+// P = 0, hence dS = 0. Key blocks wholly past the last query row run no loop and write zero dK
+// and dV. Work items go out longest first over the whole grid where flash_common.cuh's
+// longest_first_pays says so, otherwise batch-major: flash_backward.cuh's order.
+// Tails, zero-filled in shared memory (nothing past a tensor's end is read): query rows past L
+// have lse +inf in the padded workspace, so P = dS = 0; key rows past S have finite P and dS but
+// their dK, dV rows are never stored and their dS meets zero rows of K in dQ.
+//
+// Shared memory, 128-byte swizzle (wgmma.cuh; flash_forward_sm90.cuh's sw128_offset): every tile
+// is stored as [columns / 64][rows][64] (128-byte rows, 16-byte chunk c of row r at c ^ (r & 7)):
+//   K, V [128 keys][D]      2 x 16 KB (D = 64), 2 x 32 KB (D = 128)
+//   Q, dO [R][D], 2 buffers 4 x 16 KB (both)
+//   dS^T [128 keys][R]      32 KB (D = 64), 16 KB (D = 128)
+//   lse, delta [R] f32, 2 buffers: 2 KB, 1 KB; + 1 KB to align the base to 1024 bytes.
+//   dQ stage [R][D] f32   32 KB (both)
+//   D = 64: 163 KB, D = 128: 178 KB. One CTA per SM (as flash_backward.cuh: 8 warps per SM).
+// Q, dO, lse and delta are double-buffered with cp.async exactly as in flash_backward.cuh.
+// Registers (nvcc 13.0, -Xptxas -v, sm_90a, both dtypes): 254 (D = 64) and 255 (D = 128) per
+// thread, no spill (250 at both with kEarlyDv false); one CTA of 256 threads per SM. Per thread:
+// dK, dV 2 x D / 2 f32 accumulators; S^T, dP^T 2 x R / 2; dQ 32; the packed P^T and dS^T
+// fragments 2 x R / 4. The sm_80 and sm_90 images' body is flash_backward.cuh's, with the
+// swizzled dQ addresses.
+// Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
+#ifndef FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
+#define FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
+#include "flash_backward.cuh"      // prologue and dq kernels, flash_backward_cta, tilings
+#include "flash_common.cuh"        // cp.async, exp2, pack2, red.global.add, ...
+#include "flash_forward_sm90.cuh"  // sw128_offset, load_tile_sw128, current_device_is_sm90
+#include "wgmma.cuh"               // wgmma.mma_async and descriptors
+
+namespace fixed_attention {
+namespace kernels {
+namespace flash {
+namespace sm90 {
+
+// The CTA's shape for head dim 64 or 128.
+template <int kHeadDim_>
+struct BackwardTile {
+  static constexpr int kHeadDim = kHeadDim_;
+  // flash_backward.cuh's tiling of the same CTA shape: the mma.sync body of other images, and
+  // the tiling of the shared prologue and dq kernels and of the workspace rows.
+  using Fallback = std::conditional_t<kHeadDim == 64, BackwardTiling64, BackwardTiling128>;
+  static constexpr int kThreads = 256;                // 2 warpgroups
+  static constexpr int kBlockN = 128;                 // keys per CTA, 64 per warpgroup
+  static constexpr int kBlockM = Fallback::kBlockM;   // queries per loop iteration (R)
+  static constexpr int kChunks = kHeadDim / 8;        // 16-byte chunks per row of Q, K, V, dO
+  static constexpr int kQTiles = kBlockM / 8;         // 8-query n-tiles of S^T, dP^T
+  static constexpr int kQSteps = kBlockM / 16;        // k-steps of dV, dK (queries)
+  static constexpr int kDTiles = kHeadDim / 8;        // 8-wide n-tiles of dV, dK
+  static constexpr int kKeySteps = kBlockN / 16;      // k-steps of dQ (keys)
+  // dQ: one 64 x 64 tile per warpgroup: kBlockM / 64 row groups x kHeadDim / 64 column groups.
+  static constexpr int kDqRowGroups = kBlockM / 64;
+  // dV += P^T dO issued before dS^T is computed (overlapping it), at the price of holding the
+  // P^T fragments and S^T together with dP^T. ptxas (nvcc 13.0) fits both orders at both head
+  // dims without spills (perf/NOTES.md, v13); false is the A/B to run on a GPU.
+  static constexpr bool kEarlyDv = true;
+  // The warpgroup index read from lane 0 (CUTLASS's canonical_warp_group_idx), so that the
+  // descriptors of K, V and dQ are computed in uniform registers: measured on an H200 at S = 4096
+  // (perf/NOTES.md, v15), 4-5% faster at D = 64 and 1-3% slower at D = 128.
+  static constexpr bool kUniformWarpgroup = kHeadDim == 64;
+  static constexpr uint32_t kRowBytes = 128;                     // one 64-element run
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;   // K or V
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;    // one buffer of Q or dO
+  static constexpr uint32_t kDsBytes = kBlockN * kBlockM * 2;    // dS^T
+  static constexpr uint32_t kStatsBytes = 2 * kBlockM * 4;       // one buffer of lse, delta
+  static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * 4;   // the staged f32 dQ block
+  static constexpr std::size_t kWgmmaSmemBytes =
+      2 * kKVBytes + 4 * kQBytes + kDsBytes + 2 * kStatsBytes + kDqBytes + 1024;
+  static constexpr std::size_t kSmemBytes = kWgmmaSmemBytes > Fallback::kSmemBytes
+                                                ? kWgmmaSmemBytes
+                                                : Fallback::kSmemBytes;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element runs per row");
+  static_assert(kBlockM == 64 || kBlockM == 128, "wgmma N of S^T: 64 or 128 queries");
+  static_assert(kDqRowGroups * (kHeadDim / 64) == 2, "one 64 x 64 dQ tile per warpgroup");
+  static_assert(Fallback::kThreads == kThreads && Fallback::kBlockN == kBlockN,
+                "the mma.sync body runs on the same grid and block");
+  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
+};
+
+// S^T or dP^T: D (64 x kBlockM) = A B over one k-step, A and B K-major.
+template <typename T, int kBlockM>
+__device__ __forceinline__ void wgmma_scores(float (&d)[kBlockM / 2], uint64_t desc_a,
+                                             uint64_t desc_b, bool accumulate) {
+  if constexpr (kBlockM == 128) {
+    wgmma_m64n128k16_ss<T>(d, desc_a, desc_b, accumulate);
+  } else {
+    wgmma_m64n64k16_ss<T>(d, desc_a, desc_b, accumulate);
+  }
+}
+
+// dV or dK: D (64 x kHeadDim) += A B over one k-step, A from registers, B MN-major.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void wgmma_grad(float (&d)[kHeadDim / 2], const uint32_t (&a)[4],
+                                           uint64_t desc_b) {
+  if constexpr (kHeadDim == 128) {
+    wgmma_m64n128k16_rs<T>(d, a, desc_b);
+  } else {
+    wgmma_m64n64k16_rs<T>(d, a, desc_b);
+  }
+}
+
+// Two floats to shared memory (8-byte aligned).
+__device__ __forceinline__ void st_shared_f32x2(uint32_t address, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(a), "f"(b) : "memory");
+}
+
+// The wgmma body: every work item of the grid-stride loop (sm_90a images only). kArgs: the
+// instantiation that reads the mask and draws dropout, as flash_backward_cta's.
+template <typename T, class F, int kArgs>
+__device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,             // (B, L, D)
+                                                   const T* __restrict__ k,             // (B, S, D)
+                                                   const T* __restrict__ v,             // (B, S, D)
+                                                   const T* __restrict__ dout,          // (B, L, D)
+                                                   const float* __restrict__ lse_log2,  // (B, Lp)
+                                                   const float* __restrict__ delta,     // (B, Lp)
+                                                   float* __restrict__ dq_accum,  // (B, Lp, D)
+                                                   T* __restrict__ dk,            // (B, S, D)
+                                                   T* __restrict__ dv,            // (B, S, D)
+                                                   const AttentionProblem p,
+                                                   const int64_t rows_padded,
+                                                   const bool longest_first) {
+  constexpr int D = F::kHeadDim, BM = F::kBlockM, BN = F::kBlockN;
+  constexpr int kQTiles = F::kQTiles, kQSteps = F::kQSteps, kDTiles = F::kDTiles;
+  constexpr uint32_t kRowBytes = F::kRowBytes;
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ uint4 sm90_bwd_smem[];
+  const uint32_t smem_base = smem_addr(sm90_bwd_smem);
+  const uint32_t k_tile = (smem_base + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  const uint32_t v_tile = k_tile + F::kKVBytes;
+  const uint32_t q_tiles = v_tile + F::kKVBytes;       // 2 buffers of kQBytes
+  const uint32_t do_tiles = q_tiles + 2 * F::kQBytes;  // 2 buffers of kQBytes
+  const uint32_t ds_tile = do_tiles + 2 * F::kQBytes;  // [BM / 64][BN][64]
+  const uint32_t stats = ds_tile + F::kDsBytes;        // 2 x (lse [BM], delta [BM])
+  const uint32_t dq_stage = stats + 2 * F::kStatsBytes;  // [BM][D] f32, swizzled_dq_chunk
+  // The K tile through a generic pointer, for the epilogue's 16-byte reads.
+  const unsigned char* const kv_bytes =
+      reinterpret_cast<const unsigned char*>(sm90_bwd_smem) + (k_tile - smem_base);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  // Read from lane 0, the compiler knows it is the same across the warp and keeps the
+  // descriptor arithmetic that depends on it in uniform registers (kUniformWarpgroup).
+  const int warpgroup =
+      F::kUniformWarpgroup ? __shfl_sync(0xffffffffu, warp >> 2, 0) : warp >> 2;
+  const int g = lane >> 2;  // fragment row (groupID)
+  const int t = lane & 3;   // fragment column pair (threadID_in_group)
+  const int key_row0 = warp * 16;  // = 64 warpgroup + 16 (warp & 3): this warp's first key
+  // This warpgroup's 64 rows of K and V (8 swizzle atoms in each 64-column run).
+  const uint32_t k_rows = k_tile + static_cast<uint32_t>(warpgroup * 64) * kRowBytes;
+  const uint32_t v_rows = v_tile + static_cast<uint32_t>(warpgroup * 64) * kRowBytes;
+  // dQ: this warpgroup's 64 x 64 tile: queries 64 dq_row .., head dims 64 dq_col ..
+  const int dq_row = F::kDqRowGroups == 2 ? warpgroup : 0;
+  const int dq_col = F::kDqRowGroups == 2 ? 0 : warpgroup;
+
+  const int64_t L = p.len_q, S = p.len_kv;
+  const int64_t key_blocks = ceil_div(S, BN);
+  const float scale_log2 = p.scale * kLog2e;  // any sign; 0 gives P = 2^-lse, as the mma.sync body
+  // The mask enters P's exponent beside lse; dropout's Z scales P in dV and dP in dS. Z is kept
+  // as one bit per score element between steps 3 and 5 (kQTiles * 4 of them per thread).
+  const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
+  const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
+  const float keep_scale = dropout_scale(p.dropout_p);
+  constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;
+  const bool skips = kArgs == kMaskOnly && skips_hidden_blocks(p);
+
+  for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
+    const int64_t b = longest_first ? item % p.batch : item / key_blocks;
+    const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
+    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
+    const int64_t kv_b = b * S * D;  // where dK and dV go: per batch item, also under GQA
+    const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
+    // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
+    const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
+    // The next query block after the one at m that the mask does not hide entirely for these
+    // keys (L or more: none); without a map of hidden tiles, m + BM. The instantiation with
+    // dropout does not skip: at D = 64 the search spilled 500 bytes more there (ptxas).
+    const auto next_visible = [&](int64_t m) {
+      do {
+        m += BM;
+      } while (skips && m < L && hidden_block(p, b, m, BM, n0, BN));
+      return m;
+    };
+    int64_t m0 = next_visible(m_begin - BM);  // this iteration's query block
+    int64_t done_m0 = -1;                     // the last one computed, whose dQ is staged
+
+    // K, V of this key block and Q, dO, lse, delta of the first query block: one group.
+    load_tile_sw128<F, BN>(k_tile, k + kv_read + n0 * D, S - n0, tid);
+    load_tile_sw128<F, BN>(v_tile, v + kv_read + n0 * D, S - n0, tid);
+    if (m0 < L) {
+      load_tile_sw128<F, BM>(q_tiles, q + (b * L + m0) * D, L - m0, tid);
+      load_tile_sw128<F, BM>(do_tiles, dout + (b * L + m0) * D, L - m0, tid);
+      load_row_stats<BM>(stats, stats + BM * 4, lse_log2 + b * rows_padded + m0,
+                         delta + b * rows_padded + m0, tid);
+    }
+    cp_async_commit();
+
+    float dk_acc[kDTiles * 4];
+    float dv_acc[kDTiles * 4];
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) {
+      dk_acc[i] = 0.f;
+      dv_acc[i] = 0.f;
+    }
+
+#pragma unroll 1
+    for (int it = 0; m0 < L; ++it) {
+      const uint32_t buf = static_cast<uint32_t>(it & 1);
+      const uint32_t q_buf = q_tiles + buf * F::kQBytes;
+      const uint32_t do_buf = do_tiles + buf * F::kQBytes;
+      const uint32_t lse_buf = stats + buf * F::kStatsBytes;
+      const uint32_t delta_buf = lse_buf + BM * 4;
+      cp_async_wait<0>();          // this thread's copies of block `it` (and K, V) have landed
+      fence_proxy_async_shared();  // ... and its copies, zero and dQ stores, to the async proxy
+      __syncthreads();  // everyone's have; every warpgroup has waited for its wgmmas of it - 1
+      if (it > 0 && tid == 0) {  // 9 (of block done_m0): its staged dQ, as one bulk reduction
+        bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, dq_stage, F::kDqBytes);
+        bulk_commit_group();
+      }
+      const int64_t following = next_visible(m0);
+      if (following < L) {
+        const int64_t next = following;
+        const uint32_t other = (buf ^ 1u) * F::kQBytes;
+        const uint32_t other_stats = stats + (buf ^ 1u) * F::kStatsBytes;
+        load_tile_sw128<F, BM>(q_tiles + other, q + (b * L + next) * D, L - next, tid);
+        load_tile_sw128<F, BM>(do_tiles + other, dout + (b * L + next) * D, L - next, tid);
+        load_row_stats<BM>(other_stats, other_stats + BM * 4, lse_log2 + b * rows_padded + next,
+                           delta + b * rows_padded + next, tid);
+      }
+      cp_async_commit();  // possibly empty: keeps the group count uniform
+
+      // 1, 2: S^T = K Q^T, then dP^T = V dO^T, two groups. k-step ks covers head dims
+      // 16 ks .. + 15: run ks / 4 of the tiles, 32 bytes into each 128-byte row.
+      float s[kQTiles * 4];
+      float dp[kQTiles * 4];
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t run = static_cast<uint32_t>(ks >> 2);
+        const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
+        const uint64_t desc_k = sw128_descriptor(k_rows + run * BN * kRowBytes + step, 16, 1024);
+        const uint64_t desc_q = sw128_descriptor(q_buf + run * BM * kRowBytes + step, 16, 1024);
+        wgmma_scores<T, BM>(s, desc_k, desc_q, ks > 0);
+      }
+      wgmma_commit_group();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t run = static_cast<uint32_t>(ks >> 2);
+        const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
+        const uint64_t desc_v = sw128_descriptor(v_rows + run * BN * kRowBytes + step, 16, 1024);
+        const uint64_t desc_o = sw128_descriptor(do_buf + run * BM * kRowBytes + step, 16, 1024);
+        wgmma_scores<T, BM>(dp, desc_v, desc_o, ks > 0);
+      }
+      wgmma_commit_group();
+      // The mask's entries of this block (0 past L or S, where P needs none), loaded while the
+      // products run, as the forward does; at D = 64 (64 entries per thread) that spilled 368
+      // bytes (ptxas), so there they are loaded where they are used.
+      constexpr bool kPrefetchMask = kArgs != kNoArgs && kQTiles * 4 <= 32;
+      float bias[kPrefetchMask ? kQTiles * 4 : 1];
+      if (kPrefetchMask && has_mask) {  // uniform
+#pragma unroll
+        for (int j = 0; j < kQTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t query = m0 + 8 * j + 2 * t + (e & 1);
+            const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
+            bias[4 * j + e] = query < L && key < S ? mask_entry(p, mask_b, query, key) : 0.f;
+          }
+        }
+      }
+      wgmma_wait_group<1>();  // S^T has landed; dP^T may still be in flight
+      wgmma_fence_operands(s);
+
+      // 3: P^T in place. Causal masks only where this warp's keys reach past the block's first
+      // query; diag = query - key at the warp's element (0, 0), |diag| < BM + BN there.
+      const bool diagonal = p.causal && m0 < n0 + key_row0 + 15;  // uniform over the warp
+      const int diag = diagonal ? static_cast<int>(m0 - n0) - key_row0 : 0;
+      uint32_t kept[kKeptWords];  // dropout: bit i of element s[i] set when kept
+#pragma unroll
+      for (int w = 0; w < kKeptWords; ++w) {
+        kept[w] = 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < kQTiles; ++j) {
+        const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * j + 2 * t) * 4);
+        // Dropout's Z of queries 8 j + 2 t, + 1 for key g + 8 h: Philox block h.
+        float2 z_pair[2] = {make_float2(1.f, 1.f), make_float2(1.f, 1.f)};
+        if (has_dropout) {
+          const int64_t query = m0 + 8 * j + 2 * t, key = n0 + key_row0 + g;
+          dropout_factors<DropoutPair::kAlongRows>(p, keep_scale, b, query, key, query, key + 8,
+                                                   g & 1, z_pair);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float row_lse = (e & 1) ? lse2.y : lse2.x;
+          float exponent = -row_lse;
+          if (has_mask) {
+            const int64_t query = m0 + 8 * j + 2 * t + (e & 1);
+            const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
+            const float entry = kPrefetchMask                   ? bias[4 * j + e]
+                                : query < L && key < S ? mask_entry(p, mask_b, query, key)
+                                                       : 0.f;
+            exponent = fmaf(entry, kLog2e, exponent);
+          }
+          float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
+          if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
+            prob = 0.f;  // query before key
+          }
+          s[4 * j + e] = prob;
+          if (has_dropout && ((e & 1) ? z_pair[e >> 1].y : z_pair[e >> 1].x) != 0.f) {
+            kept[(4 * j + e) / 32] |= 1u << ((4 * j + e) % 32);
+          }
+        }
+      }
+      // Z_i of element i: 1 without dropout.
+      const auto factor = [&](int i) {
+        return !has_dropout ? 1.f : (kept[i / 32] >> (i % 32)) & 1u ? keep_scale : 0.f;
+      };
+      // P^T's A fragments (queries 16 kk .. + 15 per k-step), Z applied.
+      uint32_t p_frag[kQSteps][4];
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i = 8 * kk + 2 * r;
+          p_frag[kk][r] = pack2<T>(s[i] * factor(i), s[i + 1] * factor(i + 1));
+        }
+      }
+
+      // 4: dV += P^T dO. dO is MN-major: LBO = the distance between the 64-column runs (unused
+      // at D = 64), SBO = between 8-row atoms; k-step kk starts 16 rows further.
+      if constexpr (F::kEarlyDv) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kQSteps; ++kk) {
+          const uint64_t desc_o =
+              sw128_descriptor(do_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
+          wgmma_grad<T, D>(dv_acc, p_frag[kk], desc_o);
+        }
+        wgmma_commit_group();
+        wgmma_wait_group<1>();  // dP^T has landed (dV may still be in flight)
+      } else {
+        wgmma_wait_group<0>();
+      }
+      wgmma_fence_operands(dp);
+
+      // 5: dS^T = P^T (dP^T - delta) in place, and its A fragments.
+#pragma unroll
+      for (int j = 0; j < kQTiles; ++j) {
+        const float2 dl = ld_shared_f32x2(delta_buf + (8 * j + 2 * t) * 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float row_delta = (e & 1) ? dl.y : dl.x;
+          dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] * factor(4 * j + e) - row_delta);
+        }
+      }
+      uint32_t ds_frag[kQSteps][4];
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          ds_frag[kk][r] = pack2<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+        }
+      }
+
+      // 6: dS^T to shared memory (before any wgmma reads ds_frag: registers an in-flight wgmma
+      // reads must not be accessed). Key row key_row0 + g + 8 (r & 1), query chunk
+      // 2 kk + (r >> 1), columns 2 t, + 1 of it.
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const uint32_t offset =
+              sw128_offset<BN>(key_row0 + g + 8 * (r & 1), 2 * kk + (r >> 1)) + 4 * t;
+          st_shared_b32(ds_tile + offset, ds_frag[kk][r]);
+        }
+      }
+      fence_proxy_async_shared();  // this thread's dS^T stores, to the wgmmas of dQ
+
+      // 4 (late), 7: dV += P^T dO where not issued yet, dK += dS^T Q.
+      wgmma_fence();
+      if constexpr (!F::kEarlyDv) {
+#pragma unroll
+        for (int kk = 0; kk < kQSteps; ++kk) {
+          const uint64_t desc_o =
+              sw128_descriptor(do_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
+          wgmma_grad<T, D>(dv_acc, p_frag[kk], desc_o);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+        const uint64_t desc_q =
+            sw128_descriptor(q_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
+        wgmma_grad<T, D>(dk_acc, ds_frag[kk], desc_q);
+      }
+      wgmma_commit_group();
+
+      // 8: dQ = dS K, once both warpgroups' dS^T is in shared memory. A: queries 64 dq_row ..
+      // of the stored dS^T, MN-major (k-step kk: keys 16 kk .. + 15, 16 rows further; LBO
+      // unused at M = 64). B: head dims 64 dq_col .. of K, MN-major. The barrier also frees
+      // the dQ stage: the bulk reduction of block it - 1 (issued at the top) has read it.
+      if (tid == 0) {
+        bulk_wait_group_read_all();
+      }
+      __syncthreads();
+      float dq[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < F::kKeySteps; ++kk) {
+        const uint64_t desc_ds = sw128_descriptor(
+            ds_tile + dq_row * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes, 1024);
+        const uint64_t desc_k = sw128_descriptor(
+            k_tile + dq_col * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes, 1024);
+        wgmma_m64n64k16_ss_mn<T>(dq, desc_ds, desc_k, kk > 0);
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<0>();  // dV, dK and dQ; p_frag and ds_frag are free again
+      wgmma_fence_operands(dv_acc);
+      wgmma_fence_operands(dk_acc);
+      wgmma_fence_operands(dq);
+
+      // 9: dQ to the stage: rows 64 dq_row + 16 (warp & 3) + g (+ 8) of the block (row & 7 ==
+      // g), columns 64 dq_col + 8 j + 2 t; one thread sends the stage to dq_accum after the
+      // next barrier (the top of the next iteration, or the epilogue's).
+      const uint32_t dq_row_bytes =
+          dq_stage + static_cast<uint32_t>((64 * dq_row + 16 * (warp & 3) + g) * D + 2 * t) * 4;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t chunk = static_cast<uint32_t>(swizzled_dq_chunk(8 * dq_col + j, g));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          st_shared_f32x2(dq_row_bytes + (8 * h * D + 8 * chunk) * 4, dq[4 * j + 2 * h],
+                          dq[4 * j + 2 * h + 1]);
+        }
+      }
+      done_m0 = m0;
+      m0 = following;
+    }
+
+    // Epilogue: dK (times scale) and dV through this warp's own rows of the K and V tiles, then
+    // 16-byte stores of whole rows. The barrier: no copies in flight, every warpgroup done with
+    // K (dQ reads all of its rows; each waited for its wgmmas above), the last dQ staged.
+    cp_async_wait<0>();
+    fence_proxy_async_shared();  // the dQ stores, to the bulk reduction
+    __syncthreads();
+    if (done_m0 >= 0 && tid == 0) {
+      bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, dq_stage, F::kDqBytes);
+      bulk_commit_group();  // the next item's first restaging waits for it, as every one does
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = key_row0 + g + 8 * h;  // row & 7 == g
+#pragma unroll
+      for (int j = 0; j < kDTiles; ++j) {
+        const uint32_t offset = sw128_offset<BN>(row, j) + 4 * t;  // columns 8 j + 2 t, + 1
+        st_shared_b32(k_tile + offset, pack2<T>(dk_acc[4 * j + 2 * h] * p.scale,
+                                                dk_acc[4 * j + 2 * h + 1] * p.scale));
+        st_shared_b32(v_tile + offset, pack2<T>(dv_acc[4 * j + 2 * h], dv_acc[4 * j + 2 * h + 1]));
+      }
+    }
+    __syncwarp();
+    constexpr int kRowsPerStep = 32 / F::kChunks;
+#pragma unroll
+    for (int step = 0; step < 16 / kRowsPerStep; ++step) {
+      const int row = key_row0 + step * kRowsPerStep + lane / F::kChunks;
+      const int chunk = lane % F::kChunks;
+      const int64_t key = n0 + row;
+      const uint32_t offset = sw128_offset<BN>(row, chunk);
+      if (key < S) {
+        const int64_t to = kv_b + key * D + chunk * 8;
+        *reinterpret_cast<uint4*>(dk + to) = *reinterpret_cast<const uint4*>(kv_bytes + offset);
+        *reinterpret_cast<uint4*>(dv + to) =
+            *reinterpret_cast<const uint4*>(kv_bytes + F::kKVBytes + offset);
+      }
+    }
+    __syncthreads();  // the next work item's copies overwrite the K and V tiles
+  }
+  if (tid == 0) {
+    bulk_wait_group_all();  // the stage is read and dq_accum written before the CTA exits
+  }
+}
+
+}  // namespace sm90
+}  // namespace flash
+}  // namespace kernels
+}  // namespace fixed_attention
+
+#endif  // FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
