@@ -187,12 +187,12 @@ def philox4x32_10(counter, key):
 
 def keep_mask(seed: int, dropout_p: float, batch: int, len_q: int, len_kv: int):
     """The spec's keep mask, (batch, L, S) bool: element (b, i, j) is kept iff
-    uniform >= dropout_p, uniform = (word >> 8)·2^-24, word = philox(counter, key)[2·(i % 2) +
-    j % 2]: one Philox call per 2 x 2 block, counter = (b·⌈L/2⌉ + i // 2)·⌈S/2⌉ + j // 2, key =
-    the seed's two 32-bit halves."""
+    uniform >= dropout_p, uniform = half·2^-16, half = the low (j even) or high 16 bits of
+    word = philox(counter, key)[2·(i % 2) + (j // 2) % 2]: one Philox call per 2 x 4 block,
+    counter = (b·⌈L/2⌉ + i // 2)·⌈S/4⌉ + j // 4, key = the seed's two 32-bit halves."""
     seed &= 2**64 - 1  # the int64 seed's bits, as uint64
     key = (seed & _MASK32, seed >> 32)
-    block_rows, block_cols = (len_q + 1) // 2, (len_kv + 1) // 2
+    block_rows, block_cols = (len_q + 1) // 2, (len_kv + 3) // 4
     keep = torch.empty(batch, len_q, len_kv, dtype=torch.bool)
     for b in range(batch):
         for r in range(block_rows):
@@ -200,8 +200,9 @@ def keep_mask(seed: int, dropout_p: float, batch: int, len_q: int, len_kv: int):
                 counter = (b * block_rows + r) * block_cols + c
                 words = philox4x32_10((counter & _MASK32, counter >> 32, 0, 0), key)
                 for di in range(2):
-                    for dj in range(2):
-                        i, j = 2 * r + di, 2 * c + dj
+                    for dj in range(4):
+                        i, j = 2 * r + di, 4 * c + dj
                         if i < len_q and j < len_kv:
-                            keep[b, i, j] = (words[2 * di + dj] >> 8) * 2.0**-24 >= dropout_p
+                            half = (words[2 * di + dj // 2] >> (16 * (dj % 2))) & 0xFFFF
+                            keep[b, i, j] = half * 2.0**-16 >= dropout_p
     return keep

@@ -151,8 +151,8 @@ def test_dropout_keeps_probabilities_scaled_by_one_over_one_minus_p(rng, p):
 
 @pytest.mark.parametrize("seed", [0, 12345, 2**40 + 7, -1, -(2**63)])
 def test_dropout_mask_is_the_specs_philox(rng, seed):
-    """Element (b, i, j) kept iff uniform(seed, (b·L + i)·S + j) >= p (the spec's Philox): the
-    same bits the CUDA kernels must produce for the same seed."""
+    """Element (b, i, j) kept iff its 16-bit uniform from the spec's Philox (its 2 x 4 block's
+    call, sdpa_support.keep_mask) is >= p: the same bits the CUDA kernels must produce."""
     p, batch, len_q, len_kv = 0.3, 6, 5, 7
     q, k, _ = rng.qkv((2, 3, len_q, 8), (2, 3, len_kv, 8), (1,))
     dropped = dropped_probabilities(q, k, p, seed=torch.tensor(seed, dtype=torch.int64))

@@ -197,6 +197,9 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
   const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
   const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
   const float keep_scale = dropout_scale(p.dropout_p);
+  const uint32_t keep_threshold = dropout::threshold(p.dropout_p);
+  const int slot = g & 3;  // the lane's place among those sharing Philox blocks
+  static_assert(kSliceTiles % 2 == 0, "dropout's Philox blocks are drawn for two n-tiles at once");
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
@@ -305,17 +308,18 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
         // P^T and dS^T in place, and dS^T (bf16/fp16) to shared memory for dQ. Element e of
         // tile j: key n0 + key_row0 + g + 8 (e >> 1), query m0 + 8 qt + 2 t + (e & 1), where
         // qt = kSliceTiles slice + j is the tile's place in the block.
+        float2 z[4] = {};  // dropout's factors of two n-tiles (dropout_factors)
 #pragma unroll
         for (int j = 0; j < kSliceTiles; ++j) {
           const int qt = slice * kSliceTiles + j;
           const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * qt + 2 * t) * 4);
           const float2 dl = ld_shared_f32x2(delta_buf + (8 * qt + 2 * t) * 4);
-          // Dropout's Z of queries 8 qt + 2 t, + 1 for key g + 8 h: Philox block h.
-          float2 z_pair[2] = {make_float2(1.f, 1.f), make_float2(1.f, 1.f)};
-          if (has_dropout) {
-            const int64_t query = m0 + 8 * qt + 2 * t, key = n0 + key_row0 + g;
-            dropout_factors<DropoutPair::kAlongRows>(p, keep_scale, b, query, key, query, key + 8,
-                                                     g & 1, z_pair);
+          // Dropout's Z of queries 8 qt + 2 t, + 1 for key g + 8 h: Philox block 2 (j & 1) + h,
+          // drawn for tiles j and j + 1 together.
+          if (has_dropout && (j & 1) == 0) {
+            dropout_factors<DropoutPair::kAlongRows>(
+                p, keep_scale, keep_threshold, b, m0 + 8 * (qt + (slot >> 1)) + 2 * t,
+                n0 + key_row0 + g + 8 * (slot & 1), slot, z);
           }
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
@@ -332,9 +336,10 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
               prob = 0.f;  // query before key
             }
             if (has_dropout) {
-              const float z = (e & 1) ? z_pair[e >> 1].y : z_pair[e >> 1].x;
-              s[j][e] = prob * z;
-              dp[j][e] = prob * (dp[j][e] * z - row_delta);
+              const float2 z_pair = z[2 * (j & 1) + (e >> 1)];
+              const float z_e = (e & 1) ? z_pair.y : z_pair.x;
+              s[j][e] = prob * z_e;
+              dp[j][e] = prob * (dp[j][e] * z_e - row_delta);
             } else {
               s[j][e] = prob;
               dp[j][e] = prob * (dp[j][e] - row_delta);

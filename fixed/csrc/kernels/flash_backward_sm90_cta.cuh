@@ -233,6 +233,9 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
   const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
   const float keep_scale = dropout_scale(p.dropout_p);
+  const uint32_t keep_threshold = dropout::threshold(p.dropout_p);
+  const int slot = g & 3;  // the lane's place among those sharing Philox blocks
+  static_assert(kQTiles % 2 == 0, "dropout's Philox blocks are drawn for two n-tiles at once");
   constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;
   const bool skips = kArgs == kMaskOnly && skips_hidden_blocks(p);
 
@@ -340,6 +343,23 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
           }
         }
       }
+      // Dropout's keep bits, drawn while the products run (the Philox rounds are otherwise a
+      // serial chain the softmax waits on): bit i for element s[i]. Tiles j, j + 1 are one call
+      // each for four lanes, whose bit 4 jj + e is element e of tile j + jj.
+      uint32_t kept[kKeptWords];
+#pragma unroll
+      for (int w = 0; w < kKeptWords; ++w) {
+        kept[w] = 0u;
+      }
+      if (has_dropout) {
+#pragma unroll
+        for (int j = 0; j < kQTiles; j += 2) {
+          kept[(4 * j) / 32] |= dropout_keep_bits<DropoutPair::kAlongRows>(
+                                    p, keep_threshold, b, m0 + 8 * (j + (slot >> 1)) + 2 * t,
+                                    n0 + key_row0 + g + 8 * (slot & 1), slot)
+                                << ((4 * j) % 32);
+        }
+      }
       wgmma_wait_group<1>();  // S^T has landed; dP^T may still be in flight
       wgmma_fence_operands(s);
 
@@ -347,21 +367,9 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       // query; diag = query - key at the warp's element (0, 0), |diag| < BM + BN there.
       const bool diagonal = p.causal && m0 < n0 + key_row0 + 15;  // uniform over the warp
       const int diag = diagonal ? static_cast<int>(m0 - n0) - key_row0 : 0;
-      uint32_t kept[kKeptWords];  // dropout: bit i of element s[i] set when kept
-#pragma unroll
-      for (int w = 0; w < kKeptWords; ++w) {
-        kept[w] = 0u;
-      }
 #pragma unroll
       for (int j = 0; j < kQTiles; ++j) {
         const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * j + 2 * t) * 4);
-        // Dropout's Z of queries 8 j + 2 t, + 1 for key g + 8 h: Philox block h.
-        float2 z_pair[2] = {make_float2(1.f, 1.f), make_float2(1.f, 1.f)};
-        if (has_dropout) {
-          const int64_t query = m0 + 8 * j + 2 * t, key = n0 + key_row0 + g;
-          dropout_factors<DropoutPair::kAlongRows>(p, keep_scale, b, query, key, query, key + 8,
-                                                   g & 1, z_pair);
-        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float row_lse = (e & 1) ? lse2.y : lse2.x;
@@ -379,9 +387,6 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
             prob = 0.f;  // query before key
           }
           s[4 * j + e] = prob;
-          if (has_dropout && ((e & 1) ? z_pair[e >> 1].y : z_pair[e >> 1].x) != 0.f) {
-            kept[(4 * j + e) / 32] |= 1u << ((4 * j + e) % 32);
-          }
         }
       }
       // Z_i of element i: 1 without dropout.

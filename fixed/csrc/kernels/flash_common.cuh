@@ -344,41 +344,75 @@ __device__ __forceinline__ void add_mask_row(Fragments& s, int first, const floa
   }
 }
 
-// Dropout's factors Z (keep_scale = 1 / (1 - p) when kept, 0 when dropped) of a thread's
-// elements in two 2 x 2 Philox blocks (philox.h). Lanes l and l ^ 4 (fragment rows g and g ^ 1)
-// hold the other halves of the same blocks, so each draws one (the lane with g even block 0, the
-// other block 1) and takes the other's words by shuffle: one Philox call per two blocks' four
-// elements. All 32 lanes call it together. `odd` = g & 1, the parity of what tells the lane's
-// elements apart inside a block: its row in the forward (kAlongKeys: keys key, key + 1 of that
-// row), its key in the backward (queries row, row + 1 of that key). z[k]: block k's two factors.
+// Dropout's keep bits of a thread's elements in four 2 x 4 Philox blocks (philox.h): bit 2 k + c
+// for its element c (0 the first) of block k. Each block's eight elements lie in a group of four
+// lanes, two in each, and the group's blocks are the same four: lane `slot` (0..3) of the group
+// draws block `slot` (row, key: any element of it) and hands each other lane the bits it needs
+// by three shuffles. One Philox call per eight elements. All 32 lanes call it together.
+//   kAlongKeys (the forward's fragments: keys key, key + 1 of a row): the group is lanes
+//   l, l ^ 1, l ^ 4, l ^ 5 (t & 1, g & 1); slot = 2 (g & 1) + (t & 1) is also the word every
+//   block holds for the lane (rows 2r + (g & 1), keys 4c + 2 (t & 1), + 1).
+//   kAlongRows (the backward's: queries row, row + 1 of a key): lanes l, l ^ 4, l ^ 8, l ^ 12
+//   (g & 3); slot = g & 3 = key & 3, and the lane's bits are half (slot & 1) of words
+//   slot >> 1 (even row) and 2 + (slot >> 1) (odd row), sent packed in one word.
 enum class DropoutPair { kAlongKeys, kAlongRows };
 template <DropoutPair kPair>
-__device__ __forceinline__ void dropout_factors(const AttentionProblem& p, float keep_scale,
-                                                int64_t b, int64_t row0, int64_t key0,
-                                                int64_t row1, int64_t key1, bool odd,
-                                                float2 (&z)[2]) {
-  const dropout::Words mine = dropout::block_words(p.dropout_seed, b, odd ? row1 : row0,
-                                                   odd ? key1 : key0, p.len_q, p.len_kv);
-  dropout::Words other;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    other.w[k] = __shfl_xor_sync(0xffffffffu, mine.w[k], 4);
-  }
-#pragma unroll
-  for (int block = 0; block < 2; ++block) {
-    const bool drawn_here = (block == 1) == odd;
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      w[k] = drawn_here ? mine.w[k] : other.w[k];
+__device__ __forceinline__ uint32_t dropout_keep_bits(const AttentionProblem& p,
+                                                      uint32_t keep_threshold, int64_t b,
+                                                      int64_t row, int64_t key, int slot) {
+  constexpr bool kKeys = kPair == DropoutPair::kAlongKeys;
+  const dropout::Words drawn =
+      dropout::block_words(p.dropout_seed, b, row, key, p.len_q, p.len_kv);
+  // Word `index` (0..3, per lane) of the drawn block by two levels of selects on its bits: an
+  // array indexed at run time would go to local memory, and a chain of comparisons compiled to
+  // divergent branches (ncu: 28% branch efficiency).
+  auto word = [&](int index) -> uint32_t {
+    const uint32_t even = (index & 2) ? drawn.w[2] : drawn.w[0];
+    const uint32_t odd = (index & 2) ? drawn.w[3] : drawn.w[1];
+    return (index & 1) ? odd : even;
+  };
+  // The drawn block's bits for the lane at slot `to`: its first element in the low half.
+  auto bits_for = [&](int to) -> uint32_t {
+    if constexpr (kKeys) {
+      return word(to);
+    } else {
+      return dropout::half_of(word(to >> 1), to & 1) |
+             (dropout::half_of(word(2 + (to >> 1)), to & 1) << 16);
     }
-    // Word 2 (row & 1) + (key & 1) is element (row, key)'s.
-    const uint32_t first = kPair == DropoutPair::kAlongKeys ? (odd ? w[2] : w[0])
-                                                            : (odd ? w[1] : w[0]);
-    const uint32_t second = kPair == DropoutPair::kAlongKeys ? (odd ? w[3] : w[1])
-                                                             : (odd ? w[3] : w[2]);
-    z[block] = make_float2(dropout::kept(first, p.dropout_p) ? keep_scale : 0.f,
-                           dropout::kept(second, p.dropout_p) ? keep_scale : 0.f);
+  };
+  constexpr int kLaneOf[4] = {0, kKeys ? 1 : 4, kKeys ? 4 : 8, kKeys ? 5 : 12};
+  uint32_t got[4];  // got[d]: block slot ^ d's bits, from the lane d slots away
+  got[0] = bits_for(slot);
+#pragma unroll
+  for (int d = 1; d < 4; ++d) {
+    got[d] = __shfl_xor_sync(0xffffffffu, bits_for(slot ^ d), kLaneOf[d]);
+  }
+  uint32_t kept = 0;
+#pragma unroll
+  for (int block = 0; block < 4; ++block) {
+    const int d = block ^ slot;
+    const uint32_t bits = (d & 2) ? ((d & 1) ? got[3] : got[2]) : ((d & 1) ? got[1] : got[0]);
+    kept |= (dropout::kept(bits & 0xFFFFu, keep_threshold) ? 1u : 0u) << (2 * block);
+    kept |= (dropout::kept(bits >> 16, keep_threshold) ? 1u : 0u) << (2 * block + 1);
+  }
+  return kept;
+}
+
+// Bit `index` of dropout's keep bits as Z: keep_scale = 1 / (1 - p) when kept, 0 when dropped.
+__device__ __forceinline__ float dropout_factor(uint32_t kept, int index, float keep_scale) {
+  return (kept >> index) & 1u ? keep_scale : 0.f;
+}
+
+// The same as factors: z[k] = Z of the thread's two elements of block k (first in .x).
+template <DropoutPair kPair>
+__device__ __forceinline__ void dropout_factors(const AttentionProblem& p, float keep_scale,
+                                                uint32_t keep_threshold, int64_t b, int64_t row,
+                                                int64_t key, int slot, float2 (&z)[4]) {
+  const uint32_t kept = dropout_keep_bits<kPair>(p, keep_threshold, b, row, key, slot);
+#pragma unroll
+  for (int block = 0; block < 4; ++block) {
+    z[block] = make_float2(dropout_factor(kept, 2 * block, keep_scale),
+                           dropout_factor(kept, 2 * block + 1, keep_scale));
   }
 }
 

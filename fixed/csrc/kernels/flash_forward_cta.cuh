@@ -193,6 +193,9 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
   const float unit = has_mask ? 1.f : scale_log2;
   const float mask_scale = fabsf(p.scale) * kLog2e;
   const float keep_scale = dropout_scale(p.dropout_p);
+  const uint32_t keep_threshold = dropout::threshold(p.dropout_p);
+  const int slot = 2 * (g & 1) + (t & 1);  // the lane's place among those sharing Philox blocks
+  static_assert(kNTiles % 4 == 0, "dropout's Philox blocks span four n-tiles' keys");
   const bool mask_pairs = has_mask && mask_in_pairs(p);
 
   for (int64_t item = blockIdx.x; item < p.batch * row_blocks; item += gridDim.x) {
@@ -398,24 +401,23 @@ __device__ __forceinline__ void flash_forward_cta(const T* __restrict__ q,  // (
             const int64_t row = m0 + warp_row0 + 16 * mi + g + 8 * h;  // for dropout's bits
             float sum = 0.f;
 #pragma unroll
-            for (int j = 0; j < kNTiles; j += 2) {  // n-tiles j, j + 1
-              float prob[2][2];
+            for (int j = 0; j < kNTiles; j += 4) {  // n-tiles j .. j + 3
+              float prob[4][2];
 #pragma unroll
-              for (int jj = 0; jj < 2; ++jj) {
+              for (int jj = 0; jj < 4; ++jj) {
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                   prob[jj][c] = exp2_approx(fmaf(s[mi][j + jj][2 * h + c], unit, -base));
                   sum += prob[jj][c];
                 }
               }
-              float2 z[2] = {make_float2(1.f, 1.f), make_float2(1.f, 1.f)};
+              float2 z[4] = {};
               if (has_dropout) {  // keys 8 (j + jj) + 2 t, + 1 of this row: block jj
-                const int64_t key = n0 + 8 * j + 2 * t;
-                dropout_factors<DropoutPair::kAlongKeys>(p, keep_scale, b, row, key, row, key + 8,
-                                                         g & 1, z);
+                dropout_factors<DropoutPair::kAlongKeys>(p, keep_scale, keep_threshold, b, row,
+                                                         n0 + 8 * (j + slot) + 2 * t, slot, z);
               }
 #pragma unroll
-              for (int jj = 0; jj < 2; ++jj) {
+              for (int jj = 0; jj < 4; ++jj) {
                 s[mi][j + jj][2 * h] = has_dropout ? prob[jj][0] * z[jj].x : prob[jj][0];
                 s[mi][j + jj][2 * h + 1] = has_dropout ? prob[jj][1] * z[jj].y : prob[jj][1];
               }

@@ -151,6 +151,10 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   const float unit = has_mask ? 1.f : scale_log2;
   const float mask_scale = fabsf(p.scale) * kLog2e;
   const float keep_scale = dropout_scale(p.dropout_p);
+  const uint32_t keep_threshold = dropout::threshold(p.dropout_p);
+  const int slot = 2 * (g & 1) + (t & 1);  // the lane's place among those sharing Philox blocks
+  constexpr bool kDropoutArgs = kArgs == kMaskAndDropout;
+  static_assert(kNTiles % 4 == 0, "dropout's Philox blocks span four n-tiles' keys");
   const bool mask_pairs = has_mask && mask_in_pairs(p);
   const bool skips = kArgs != kNoArgs && skips_hidden_blocks(p);
 
@@ -240,6 +244,21 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
         wgmma_m64n64k16_ss<T>(s, desc_q, desc_k, ks > 0);
       }
       wgmma_commit_group();
+      // Dropout's keep bits for this block, drawn while the product runs (the Philox rounds
+      // are otherwise a serial chain the softmax waits on): kept[h][jq] bit 2 jj + c is key
+      // 8 (4 jq + jj) + 2 t + c of row g + 8 h.
+      uint32_t kept[2][kDropoutArgs ? kNTiles / 4 : 1];
+      if (has_dropout) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int jq = 0; jq < kNTiles / 4; ++jq) {
+            kept[h][jq] = dropout_keep_bits<DropoutPair::kAlongKeys>(
+                p, keep_threshold, b, m0 + warp_row0 + g + 8 * h,
+                n0 + 8 * (4 * jq + slot) + 2 * t, slot);
+          }
+        }
+      }
       // A mask's entries for this block, read in pairs while the product runs: their latency is
       // what a mask costs (ncu: long-scoreboard stalls).
       const bool pairs = mask_pairs && n0 + kBlockN <= S;  // uniform
@@ -314,29 +333,27 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
         grew = grew || !same;
         rescale[h] = same ? 1.f : exp2_approx(fmaf(row_max[h], unit, -max_log2));
         row_max[h] = block_max;
-        const int64_t row = m0 + warp_row0 + g + 8 * h;  // for dropout's bits
         float sum = 0.f;
 #pragma unroll
-        for (int j = 0; j < kNTiles; j += 2) {  // n-tiles j, j + 1
-          float prob[2][2];
+        for (int j = 0; j < kNTiles; j += 4) {  // n-tiles j .. j + 3
+          float prob[4][2];
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
+          for (int jj = 0; jj < 4; ++jj) {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               prob[jj][c] = exp2_approx(fmaf(s[4 * (j + jj) + 2 * h + c], unit, -max_log2));
               sum += prob[jj][c];
             }
           }
-          float2 z[2] = {make_float2(1.f, 1.f), make_float2(1.f, 1.f)};
-          if (has_dropout) {  // keys 8 (j + jj) + 2 t, + 1 of this row: block jj
-            const int64_t key = n0 + 8 * j + 2 * t;
-            dropout_factors<DropoutPair::kAlongKeys>(p, keep_scale, b, row, key, row, key + 8,
-                                                     g & 1, z);
-          }
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            s[4 * (j + jj) + 2 * h] = has_dropout ? prob[jj][0] * z[jj].x : prob[jj][0];
-            s[4 * (j + jj) + 2 * h + 1] = has_dropout ? prob[jj][1] * z[jj].y : prob[jj][1];
+          for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              s[4 * (j + jj) + 2 * h + c] =
+                  has_dropout ? prob[jj][c] * dropout_factor(kept[h][kDropoutArgs ? j / 4 : 0],
+                                                             2 * jj + c, keep_scale)
+                              : prob[jj][c];
+            }
           }
         }
         row_sum[h] = row_sum[h] * rescale[h] + sum;

@@ -1,7 +1,8 @@
 // Dropout's keep mask, the same bits on the CPU and on CUDA: a counter-based generator
 // (Philox4x32-10, Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011) keyed by
-// a seed torch's default generator draws, counted by the element's 2 x 2 block (block_words). The
-// forward and the backward regenerate the same mask from (seed, position): nothing is stored.
+// a seed torch's default generator draws, counted by the element's 2 x 4 block (block_words), a
+// 16-bit uniform per element. The forward and the backward regenerate the same mask from (seed,
+// position): nothing is stored.
 //
 // Plain C++ (host) and CUDA (device): no torch includes, so the CPU kernels and the CUDA kernels
 // include the same file.
@@ -46,27 +47,41 @@ FIXED_ATTENTION_HOST_DEVICE Words philox(uint32_t c0, uint32_t c1, uint32_t k0, 
   return Words{{c0, c1, c2, c3}};
 }
 
-// One Philox call draws the four elements of a 2 x 2 block of a (batch, L, S) problem: rows
-// 2r, 2r + 1 and keys 2c, 2c + 1 of batch item b (b the flattened leading index of the output),
-// counted row-major over the blocks of every item: counter = (b ceil(L / 2) + r) ceil(S / 2) + c.
-// Word 2 (i & 1) + (j & 1) belongs to element (i, j). A thread of the tensor-core kernels holds
-// two of a block's elements (two keys of a row in the forward, two rows of a key in the
-// backward), so one call serves both. The key is the seed's two 32-bit halves.
+// One Philox call draws the eight elements of a 2 x 4 block of a (batch, L, S) problem: rows
+// 2r, 2r + 1 and keys 4c .. 4c + 3 of batch item b (b the flattened leading index of the output),
+// counted row-major over the blocks of every item: counter = (b ceil(L / 2) + r) ceil(S / 4) + c.
+// Element (i, j) takes half j & 1 (the low 16 bits for an even key) of word
+// 2 (i & 1) + ((j >> 1) & 1). A thread of the tensor-core kernels holds two elements of a block
+// (two keys of a row in the forward, two rows of a key in the backward) and four lanes share it,
+// so that one call serves eight elements (flash_common.cuh, dropout_factors). Four 16-bit
+// uniforms per word, not one 24-bit one: half the Philox rounds per element, which are the most
+// of dropout's cost on the tensor cores (perf/NOTES.md, v19). The key is the seed's two halves.
 FIXED_ATTENTION_HOST_DEVICE Words block_words(uint64_t seed, int64_t b, int64_t i, int64_t j,
                                               int64_t len_q, int64_t len_kv) {
   const uint64_t block_rows = (static_cast<uint64_t>(len_q) + 1) / 2;
-  const uint64_t block_cols = (static_cast<uint64_t>(len_kv) + 1) / 2;
+  const uint64_t block_cols = (static_cast<uint64_t>(len_kv) + 3) / 4;
   const uint64_t counter =
       (static_cast<uint64_t>(b) * block_rows + static_cast<uint64_t>(i) / 2) * block_cols +
-      static_cast<uint64_t>(j) / 2;
+      static_cast<uint64_t>(j) / 4;
   return philox(static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
                 static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-// A word's uniform in [0, 1): its top 24 bits (exact in float and double); kept when >= p. A
-// kept probability is scaled by 1 / (1 - p).
-FIXED_ATTENTION_HOST_DEVICE bool kept(uint32_t word, float p) {
-  return static_cast<float>(word >> 8) * (1.0f / 16777216.0f) >= p;
+// Half `high` of a word: a 16-bit uniform u, u / 2^16 in [0, 1).
+FIXED_ATTENTION_HOST_DEVICE uint32_t half_of(uint32_t word, bool high) {
+  return high ? word >> 16 : word & 0xFFFFu;
+}
+
+// Kept when u / 2^16 >= p, that is when u >= threshold(p) = ceil(p 2^16) (exact in float: a
+// scaling by a power of two): one integer comparison per element. A kept probability is scaled
+// by 1 / (1 - p).
+FIXED_ATTENTION_HOST_DEVICE uint32_t threshold(float p) {
+  const float scaled = p * 65536.0f;
+  const uint32_t whole = static_cast<uint32_t>(scaled);
+  return static_cast<float>(whole) < scaled ? whole + 1 : whole;
+}
+FIXED_ATTENTION_HOST_DEVICE bool kept(uint32_t uniform16, uint32_t threshold) {
+  return uniform16 >= threshold;
 }
 
 // Whether element (b, i, j) is kept.
@@ -74,9 +89,10 @@ FIXED_ATTENTION_HOST_DEVICE bool keep(uint64_t seed, float p, int64_t b, int64_t
                                       int64_t len_q, int64_t len_kv) {
   const Words words = block_words(seed, b, i, j, len_q, len_kv);
   // Selects, not words.w[index]: a register array indexed at run time would go to local memory.
-  const uint32_t word = (i & 1) ? ((j & 1) ? words.w[3] : words.w[2])
-                                : ((j & 1) ? words.w[1] : words.w[0]);
-  return kept(word, p);
+  const bool odd_key_pair = (j >> 1) & 1;
+  const uint32_t word = (i & 1) ? (odd_key_pair ? words.w[3] : words.w[2])
+                                : (odd_key_pair ? words.w[1] : words.w[0]);
+  return kept(half_of(word, j & 1), threshold(p));
 }
 
 }  // namespace dropout
