@@ -5,6 +5,10 @@ ROUND ?= 1
 MARKDOWN ?=
 DEST ?=
 PYTEST_ARGS ?=
+# Two pytest workers (pytest-xdist): on a 2-core machine the suite took 500 s instead of 700, the
+# tests waiting on builds, time limits and probes overlapping. More on one GPU make verdicts
+# wrong (README, GPU notes). 0: one process.
+PYTEST_WORKERS ?= 2
 KATA := $(PYTHON) -m kata
 
 .DEFAULT_GOAL := help
@@ -31,8 +35,8 @@ kata: deps ## the candidate's checks: one line per flaw, red until every flaw is
 watch: deps ## re-run the candidate's checks whenever a file under flawed/ is saved
 	@$(KATA) watch
 
-test: deps lint ## fixed/ passes, shipped flawed/ fails, harness and rubric agree (PYTEST_ARGS=...)
-	@$(PYTHON) -m pytest $(PYTEST_ARGS)
+test: deps lint ## fixed/ passes, shipped flawed/ fails, harness and rubric agree (PYTEST_ARGS=..., PYTEST_WORKERS=2)
+	@$(PYTHON) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # What differs from one torch to the next: every probe on flawed/ and fixed/, fixed/'s operator,
 # its build (.ci/run runs it on the oldest supported torch; make test on the newest).
@@ -40,7 +44,7 @@ QUICK_TESTS := tests/test_flaws.py tests/test_fixed.py tests/test_fixed_build.py
 	tests/test_sdpa.py tests/test_sdpa_autograd.py tests/test_sdpa_errors.py tests/test_torch_support.py
 
 test-quick: deps lint ## the suite's torch-facing part: probes, fixed/'s operator and build
-	@$(PYTHON) -m pytest $(QUICK_TESTS) $(PYTEST_ARGS)
+	@$(PYTHON) -m pytest -n $(PYTEST_WORKERS) $(QUICK_TESTS) $(PYTEST_ARGS)
 
 lint: deps ## ruff check and ruff format --check
 	@ruff check .

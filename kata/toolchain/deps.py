@@ -23,6 +23,7 @@ from kata.toolchain import torch_support
 # distribution name -> (module to import, or None, and a command to find on PATH, or None)
 _PROBES = {
     "pytest-check": ("pytest_check", None),
+    "pytest-xdist": ("xdist", None),
     "ruff": (None, "ruff"),
     "ninja": (None, "ninja"),
 }
