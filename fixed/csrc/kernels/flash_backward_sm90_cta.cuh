@@ -328,19 +328,28 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       }
       wgmma_commit_group();
       // The mask's entries of this block (0 past L or S, where P needs none), loaded while the
-      // products run, as the forward does; at D = 64 (64 entries per thread) that spilled 368
-      // bytes (ptxas), so there they are loaded where they are used.
-      constexpr bool kPrefetchMask = kArgs != kNoArgs && kQTiles * 4 <= 32;
-      float bias[kPrefetchMask ? kQTiles * 4 : 1];
-      if (kPrefetchMask && has_mask) {  // uniform
+      // products run, as the forward does, into a window of kWindow n-tiles; step 3 refills tile
+      // j's slot with tile j + kWindow's entries as soon as it has used them. At D = 128 the
+      // window is all 8 tiles. At D = 64 all 16 spilled 368 bytes (ptxas) and loading each
+      // where used left its latency exposed (a masked backward 8x the plain one at S = 8192);
+      // measured on an H200 (perf/NOTES.md, v19): with a mask alone a window of 4 (no spill)
+      // beat 8 (88 bytes of spill); with dropout's registers too every window spills, and 8
+      // beat 4 and 1.
+      constexpr int kWindow = kQTiles <= 8 ? kQTiles : kArgs == kMaskAndDropout ? 8 : 4;
+      float bias[kArgs != kNoArgs ? 4 * kWindow : 1];
+      const auto load_bias = [&](int j) {  // n-tile j's entries into its slot of the window
 #pragma unroll
-        for (int j = 0; j < kQTiles; ++j) {
+        for (int e = 0; e < 4; ++e) {
+          const int64_t query = m0 + 8 * j + 2 * t + (e & 1);
+          const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
+          bias[4 * (j % kWindow) + e] =
+              query < L && key < S ? mask_entry(p, mask_b, query, key) : 0.f;
+        }
+      };
+      if (has_mask) {  // uniform
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int64_t query = m0 + 8 * j + 2 * t + (e & 1);
-            const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
-            bias[4 * j + e] = query < L && key < S ? mask_entry(p, mask_b, query, key) : 0.f;
-          }
+        for (int j = 0; j < kWindow; ++j) {
+          load_bias(j);
         }
       }
       // Dropout's keep bits, drawn while the products run (the Philox rounds are otherwise a
@@ -375,18 +384,16 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
           const float row_lse = (e & 1) ? lse2.y : lse2.x;
           float exponent = -row_lse;
           if (has_mask) {
-            const int64_t query = m0 + 8 * j + 2 * t + (e & 1);
-            const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
-            const float entry = kPrefetchMask                   ? bias[4 * j + e]
-                                : query < L && key < S ? mask_entry(p, mask_b, query, key)
-                                                       : 0.f;
-            exponent = fmaf(entry, kLog2e, exponent);
+            exponent = fmaf(bias[4 * (j % kWindow) + e], kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
           if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
             prob = 0.f;  // query before key
           }
           s[4 * j + e] = prob;
+        }
+        if (has_mask && j + kWindow < kQTiles) {
+          load_bias(j + kWindow);
         }
       }
       // Z_i of element i: 1 without dropout.
