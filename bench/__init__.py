@@ -9,9 +9,12 @@ Four sections (`--only` picks some):
             default, flash and cuDNN backends, in TFLOP/s and as a ratio to the flash backend;
             each row ends with fixed's speed over cuDNN's, the bar on Hopper (SDPA's default
             there). The JSON rows carry ratio_to_flash and ratio_to_cudnn. Needs a CUDA GPU.
-  args      SDPA's other arguments at one LLM shape (bfloat16, B=4, H=16, S=2048): fixed
-            against SDPA's default with a bool or float mask, GQA, head dim 80, Ev != E,
-            dropout. Needs a CUDA GPU.
+  args      SDPA's other arguments (a bool or float mask, GQA, head dim 80, Ev = D/2, dropout)
+            at LLM shapes, bfloat16, H=16, S=2048 (B=4) and 8192 (B=1), D=64 and 128, forward
+            and forward+backward: fixed against SDPA's default and against SDPA's best backend
+            for the case (the fastest of flash, efficient and cuDNN that takes the call), whose
+            name the row gives. The JSON rows carry ratio_to_sdpa and ratio_to_best. Needs a
+            CUDA GPU.
 
 How it times. Every implementation is first checked once against float32 SDPA (the math backend,
 an independent path) on fresh standard-normal inputs; a wrong result is reported as WRONG and
@@ -30,6 +33,7 @@ of the LLM rows (`--png`, default beside the JSON) when matplotlib is installed.
 
 The modules: cases (sections, shapes, settings, rows and the float32 reference), backends (what is
 timed: flawed/, fixed/, SDPA and its backends; SDPA's refusals and kernel names; machine facts),
-timing (how a row is checked and timed: the Bench), arguments (the args section's cases), table
-(the stdout table and the chart) and cli (the options and main). `python -m bench` runs cli.main.
+timing (how a row is checked and timed: the Bench), arguments (the args section: its cases, their
+grid, SDPA's best backend), table (the stdout table and the chart) and cli (the options and
+main). `python -m bench` runs cli.main.
 """

@@ -1,31 +1,62 @@
-"""The `args` section: what SDPA's other arguments cost fixed/ against SDPA's default, bfloat16,
-forward and forward+backward, at one LLM shape. Each case changes one thing from the plain
-D = 128 row: a bool mask (the causal mask as a tensor: half its blocks hidden, which the Hopper
-kernels skip), an additive float mask (nothing hidden), grouped-query heads, a head dim the
-tensor cores do not take as it is, Ev != E, dropout. Every row runs the tensor-core kernels;
-head dim 80 and Ev != E padded to 128 (perf/NOTES.md).
+"""The `args` section: what SDPA's other arguments cost fixed/ against SDPA, bfloat16, H = 16,
+D = 64 and 128, forward and forward+backward, at S = 2048 with B = 4 and S = 8192 with B = 1
+(there a call is 4x the work of S = 2048's; B = 4 would make it 16x and the float32 reference's
+score tensors 17 GB each). Each case changes one thing from the plain row: a bool mask (the
+causal mask as a tensor: half its blocks hidden, which the Hopper kernels skip), an additive
+(1, 1, L, S) float mask (nothing hidden), grouped-query heads 16:4, head dim 80 (E = Ev = 80, its
+one D), Ev = D/2, dropout. Every row runs fixed/'s tensor-core kernels; head dim 80 and Ev != E
+padded to 64 or 128, whichever holds them (perf/NOTES.md).
 
-Rows are checked against the float32 math reference with the same arguments, except dropout,
-whose keep mask differs from SDPA's by design: those rows say so and are timed unchecked."""
+Each (case, S, D, pass) has three rows: fixed, SDPA's default (what a caller gets) and "SDPA
+best" (what SDPA can do with those arguments): the fastest of its flash, efficient and cuDNN
+backends, each forced by sdpa_kernel, that takes the call, or math when none does. Refusals are
+no error: the best row's `backends` gives each backend tried, its time or why not, and `backend`
+the winner. ratio_to_sdpa and ratio_to_best: the default's and the best's time over the row's.
+
+Every S = 2048 row runs before any S = 8192 one, and a pass of a case is timed whole or not at
+all, so a time limit cuts the longest rows and leaves each with its time or the reason. Rows are
+checked against the float32 math reference with the same arguments, except dropout, whose keep
+mask differs from every SDPA backend's by design: those rows say so and are timed unchecked."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from bench.cases import FWD, FWD_BWD, NO_GPU, TOLERANCE, attention_flops, new_row, relative_error
+from bench.backends import _first_line
+from bench.cases import (
+    FWD,
+    FWD_BWD,
+    NO_GPU,
+    TOLERANCE,
+    attention_flops,
+    new_row,
+    relative_error,
+    set_ratios,
+)
+
+BEST = "sdpa best"  # the implementation of the best rows
+UNCHECKED = "ok (unchecked: dropout's mask differs from SDPA's by design)"
+_COPIED = ("median_ms", "runs", "tflops", "rel_error", "status")  # a backend's into the best row
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
     heads_kv: int | None = None  # under GQA (enable_gqa=True)
-    head_dim: int = 128
-    head_dim_v: int | None = None  # Ev when it differs from E
+    head_dim: int | None = None  # E = Ev at this one size; None: each D of the section
+    half_v: bool = False  # Ev = D/2
     mask: str | None = None  # "bool": the causal mask as a bool tensor; "float": (1, 1, L, S)
     dropout_p: float = 0.0
+
+    def dims(self, section_dims: tuple[int, ...]) -> tuple[int, ...]:
+        return (self.head_dim,) if self.head_dim else section_dims
+
+    def head_dim_v(self, dim: int) -> int:
+        return dim // 2 if self.half_v else dim
 
 
 CASES = (
@@ -34,9 +65,163 @@ CASES = (
     Case("float mask", mask="float"),
     Case("GQA 16:4", heads_kv=4),
     Case("head dim 80", head_dim=80),
-    Case("Ev 64", head_dim_v=64),
+    Case("Ev D/2", half_v=True),
     Case("dropout 0.1", dropout_p=0.1),
 )
+
+
+def grid(settings) -> list[tuple[Case, tuple[int, int, int, int]]]:
+    """(case, (B, H, S, D)) in the order they run: every case at the shortest S first."""
+    return [
+        (case, (batch, settings.llm_heads, seq, dim))
+        for seq, batch in settings.args_seqs
+        for case in CASES
+        for dim in case.dims(settings.args_dims)
+    ]
+
+
+def new_rows(impls, case: Case, shape) -> dict[str, dict[str, dict]]:
+    """The rows of one case and shape: {pass: {implementation: row}}, fixed, SDPA's default and
+    SDPA's best."""
+    groups = {}
+    for pass_ in (FWD, FWD_BWD):
+        rows = {}
+        for impl in (impls.fixed, impls.sdpa):
+            rows[impl.key] = new_row("args", impl, shape, torch.bfloat16, False, pass_)
+        best = new_row("args", impls.sdpa, shape, torch.bfloat16, False, pass_)
+        best.update(implementation=BEST, label="SDPA best", backend=None, backends={})
+        rows[BEST] = best
+        for row in rows.values():
+            row.update(
+                case=case.name,
+                head_dim_v=case.head_dim_v(shape[3]),
+                ratio_to_sdpa=None,
+                ratio_to_best=None,
+            )
+        groups[pass_] = rows
+    return groups
+
+
+def run_arguments(bench, impls) -> None:
+    s = bench.s
+    no_gpu = None if s.cuda else f"skipped: {NO_GPU}"
+    section_rows = []
+    for case, shape in grid(s):
+        groups = new_rows(impls, case, shape)
+        rows = [row for group in groups.values() for row in group.values()]
+        section_rows += rows
+        bench.rows.extend(rows)
+        seq = shape[2]
+        reason = no_gpu
+        if reason is None and s.max_seq is not None and seq > s.max_seq:
+            reason = f"skipped: S={seq} over --max-seq {s.max_seq}"
+        if reason := reason or bench.over_time():
+            for row in rows:
+                row["status"] = reason
+            continue
+        run_case(bench, impls, case, shape, groups)
+        if s.cuda:  # the case's inputs and reference went with run_case's frame
+            torch.cuda.empty_cache()
+    set_ratios(section_rows, {"ratio_to_sdpa": "sdpa", "ratio_to_best": BEST})
+
+
+def run_case(bench, impls, case: Case, shape, groups) -> None:
+    """Check and time one case at one shape: fixed, SDPA's default and its backends, each pass
+    whole or, once the time limit is spent, not at all."""
+    batch, heads, seq, dim = shape
+    dim_v, heads_kv = case.head_dim_v(dim), case.heads_kv or heads
+    bench.log(f"bench: args {case.name} {shape} Ev={dim_v} bfloat16")
+    try:
+        shapes = [
+            shape,
+            (batch, heads_kv, seq, dim),
+            (batch, heads_kv, seq, dim_v),
+            (batch, heads, seq, dim_v),
+        ]
+        sets = bench.input_sets(shapes, torch.bfloat16, requires_grad=True)
+        kwargs = {
+            "attn_mask": _mask(case, seq, seq, bench),
+            "dropout_p": case.dropout_p,
+            "enable_gqa": case.heads_kv is not None,
+        }
+        check_fwd, check_bwd = (None, None) if case.dropout_p else _checks(sets[0], kwargs)
+    except Exception as error:  # out of memory, or a CUDA context an earlier row broke
+        for rows in groups.values():
+            for row in rows.values():
+                row["status"] = f"skipped: no inputs or reference: {_first_line(error)}"
+        return
+    for pass_, rows in groups.items():
+        if reason := bench.over_time():
+            for row in rows.values():
+                row["status"] = reason
+            continue
+        backward = pass_ == FWD_BWD
+        flops = attention_flops(batch, heads, seq, seq, dim, backward=backward)
+        if dim_v != dim:  # q·kᵀ at E, p·v at Ev
+            flops *= (dim + dim_v) / (2 * dim)
+        timer = _Timer(bench, sets, kwargs, backward, check_bwd if backward else check_fwd, flops)
+        for impl in (impls.fixed, impls.sdpa):
+            if impl.missing:
+                rows[impl.key]["status"] = f"skipped: {impl.missing}"
+            else:
+                timer.measure(rows[impl.key], impl)
+        _measure_best(rows[BEST], impls, timer)
+
+
+@dataclass
+class _Timer:
+    """Checks and times one pass of one case at one shape, whichever implementation calls it."""
+
+    bench: object
+    sets: list[tuple[torch.Tensor, ...]]
+    kwargs: dict
+    backward: bool
+    check: Callable | None
+    flops: float
+
+    def measure(self, row: dict, impl) -> None:
+        call = _call(impl, self.sets, self.kwargs, self.backward)
+        self.bench.measure(row, call, len(self.sets), self.check, backend=impl.backend)
+        if self.kwargs["dropout_p"] and row["status"] == "ok":
+            row["status"] = UNCHECKED
+        if row["median_ms"]:
+            row["tflops"] = self.flops / (row["median_ms"] * 1e-3) / 1e12
+
+
+def _measure_best(best: dict, impls, timer: _Timer) -> None:
+    """The fastest backend that took the call into `best`, timed and checked as the default is.
+    Math, which takes every call and is the slowest where another does, only when no fused
+    backend was timed."""
+    tried = {}
+    for impl in (impls.flash, impls.efficient, impls.cudnn, impls.math):
+        if impl is impls.math and any(row["median_ms"] for row in tried.values()):
+            break
+        row = new_row("args", impl, best["shape"], torch.bfloat16, False, best["pass"])
+        timer.measure(row, impl)
+        tried[impl.backend] = row
+    best["backends"] = {name: {key: row[key] for key in _COPIED} for name, row in tried.items()}
+    timed = {name: row for name, row in tried.items() if row["median_ms"]}
+    if not timed:
+        best["status"] = _none_timed(tried)
+        return
+    name = min(timed, key=lambda backend: timed[backend]["median_ms"])
+    best.update({key: timed[name][key] for key in _COPIED}, backend=name)
+    # A backend that took the call and got it wrong: said, though another won.
+    wrong = [
+        f"{other} {row['status']}"
+        for other, row in tried.items()
+        if row["status"].startswith("WRONG")
+    ]
+    best["status"] = "; ".join([best["status"], *wrong])
+
+
+def _none_timed(tried: dict[str, dict]) -> str:
+    """The best row's status when no backend was timed: the gravest of the backends' own words
+    (WRONG, then skipped, then unavailable), and each backend's status."""
+    words = {row["status"].split(":")[0] for row in tried.values()}
+    word = next((w for w in ("WRONG", "skipped") if w in words), "unavailable")
+    each = "; ".join(f"{name} {row['status']}" for name, row in tried.items())
+    return f"{word}: no SDPA backend was timed ({each})"
 
 
 def _mask(case: Case, len_q: int, len_kv: int, bench) -> torch.Tensor | None:
@@ -47,78 +232,16 @@ def _mask(case: Case, len_q: int, len_kv: int, bench) -> torch.Tensor | None:
     return None
 
 
-def run_arguments(bench, impls) -> None:
-    s, dtype = bench.s, torch.bfloat16
-    chosen = (impls.fixed, impls.sdpa)
-    batch, heads, seq = s.args_batch, s.llm_heads, s.args_seq
-    for case in CASES:
-        head_dim_v = case.head_dim_v or case.head_dim
-        heads_kv = case.heads_kv or heads
-        shape = (batch, heads, seq, case.head_dim)
-        groups = {}
-        for pass_ in (FWD, FWD_BWD):
-            rows = [new_row("args", impl, shape, dtype, False, pass_) for impl in chosen]
-            for row in rows:
-                row["case"] = case.name
-            groups[pass_] = rows
-            bench.rows.extend(rows)
-        reason = None if s.cuda else f"skipped: {NO_GPU}"
-        reason = reason or bench.over_time()
-        if reason:
-            for row in (r for rows in groups.values() for r in rows):
-                row["status"] = reason
-            continue
-        bench.log(f"bench: args {case.name} {shape} bfloat16")
-        shapes = [
-            shape,
-            (batch, heads_kv, seq, case.head_dim),
-            (batch, heads_kv, seq, head_dim_v),
-            (batch, heads, seq, head_dim_v),
-        ]
-        sets = bench.input_sets(shapes, dtype, requires_grad=True)
-        mask = _mask(case, seq, seq, bench)
-        kwargs = {"attn_mask": mask, "enable_gqa": case.heads_kv is not None}
-        check_fwd = check_bwd = None
-        if case.dropout_p == 0:
-            check_fwd, check_bwd = _checks(sets[0], kwargs)
-        for pass_, rows in groups.items():
-            backward = pass_ == FWD_BWD
-            flops = attention_flops(batch, heads, seq, seq, case.head_dim, backward=backward)
-            if head_dim_v != case.head_dim:  # q·kᵀ at E, p·v at Ev
-                flops *= (case.head_dim + head_dim_v) / (2 * case.head_dim)
-            for impl, row in zip(chosen, rows, strict=True):
-                if why := bench.cannot_run(impl):
-                    row["status"] = why
-                    continue
-                function = _function(impl, impls)
-                call = _call(function, sets, kwargs, case.dropout_p, backward)
-                bench.measure(row, call, len(sets), check_bwd if backward else check_fwd)
-                if case.dropout_p and row["status"] == "ok":
-                    row["status"] = "ok (unchecked: dropout's mask differs from SDPA's by design)"
-                if row["median_ms"]:
-                    row["tflops"] = flops / (row["median_ms"] * 1e-3) / 1e12
-        del sets
-        torch.cuda.empty_cache()
-
-
-def _function(impl, impls):
-    if impl is impls.fixed:
-        import fixed
-
-        return fixed.fast_attention
-    return F.scaled_dot_product_attention
-
-
-def _call(function, sets, kwargs, dropout_p, backward):
+def _call(impl, sets, kwargs, backward):
     def forward(i):
         q, k, v, _ = sets[i % len(sets)]
         with torch.no_grad():
-            return function(q, k, v, dropout_p=dropout_p, **kwargs)
+            return impl.call(q, k, v, **kwargs)
 
     def forward_backward(i):
         q, k, v, grad = sets[i % len(sets)]
         with torch.enable_grad():
-            out = function(q, k, v, dropout_p=dropout_p, **kwargs)
+            out = impl.call(q, k, v, **kwargs)
             return out, torch.autograd.grad(out, (q, k, v), grad)
 
     return forward_backward if backward else forward
@@ -136,6 +259,7 @@ def _checks(inputs, kwargs):
             q, k, v, attn_mask=mask, enable_gqa=kwargs["enable_gqa"]
         )
     ref_grads = torch.autograd.grad(ref_out, (q, k, v), grad)
+    ref_out = ref_out.detach()
     tolerance = TOLERANCE[torch.bfloat16]
 
     def check_forward(out):

@@ -59,22 +59,23 @@ def load_fixed():
         return None, f"fixed/ did not build or load: {_first_line(error)}"
 
 
-def sdpa(query, key, value, causal=False):
+def sdpa(query, key, value, causal=False, **kwargs):
+    """SDPA; kwargs (attn_mask, dropout_p, enable_gqa) go to it as they are."""
     # (B, S, E) inputs go in as (B, 1, S, E): SDPA's fused kernels take 4-D inputs only.
     if query.dim() == 3:
         out = F.scaled_dot_product_attention(
-            query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), is_causal=causal
+            query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), is_causal=causal, **kwargs
         )
         return out.squeeze(1)
-    return F.scaled_dot_product_attention(query, key, value, is_causal=causal)
+    return F.scaled_dot_product_attention(query, key, value, is_causal=causal, **kwargs)
 
 
 def sdpa_forced(backend):
     from torch.nn.attention import sdpa_kernel
 
-    def call(query, key, value, causal=False):
+    def call(query, key, value, causal=False, **kwargs):
         with sdpa_kernel([backend]):
-            return sdpa(query, key, value, causal)
+            return sdpa(query, key, value, causal, **kwargs)
 
     return call
 
@@ -84,7 +85,9 @@ def host_round_trip(query, key, value, causal=False):
 
 
 class Implementations:
-    """Loaded once per run: flawed, fixed (and its raw operator), SDPA and its backends."""
+    """Loaded once per run: flawed, fixed (and its raw operator), SDPA and its backends. Every
+    `call` takes (query, key, value, causal) and, but for flawed's, the raw operator's and the host
+    round trip's, SDPA's other keyword arguments (attn_mask, dropout_p, enable_gqa)."""
 
     def __init__(self, sections: Iterable[str]):
         from torch.nn.attention import SDPBackend
@@ -95,8 +98,8 @@ class Implementations:
             flawed, flawed_missing = load_flawed()
         fixed, fixed_missing = load_fixed()
 
-        def fixed_call(query, key, value, causal=False):
-            return fixed.fast_attention(query, key, value, is_causal=causal)
+        def fixed_call(query, key, value, causal=False, **kwargs):
+            return fixed.fast_attention(query, key, value, is_causal=causal, **kwargs)
 
         def raw_op(query, key, value, causal=False):
             scale = 1.0 / math.sqrt(query.shape[-1])
@@ -149,6 +152,13 @@ class Implementations:
             sdpa_forced(SDPBackend.CUDNN_ATTENTION),
             backend="cudnn",
         )
+        self.efficient = Impl(
+            "sdpa efficient",
+            "SDPA efficient",
+            sdpa_forced(SDPBackend.EFFICIENT_ATTENTION),
+            backend="efficient",
+        )
+        self.math = Impl("sdpa math", "SDPA math", sdpa_forced(SDPBackend.MATH), backend="math")
         self.round_trip = Impl("host round trip", "host round trip", host_round_trip, checked=False)
 
 

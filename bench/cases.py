@@ -65,8 +65,10 @@ class Settings:
     llm_seqs: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384)
     llm_dims: tuple[int, ...] = (64, 128)
     llm_causal: tuple[bool, ...] = (False, True)
-    args_batch: int = 4  # the args section: SDPA's other arguments at (B, llm_heads, S, D)
-    args_seq: int = 2048
+    # The args section, SDPA's other arguments at (B, llm_heads, S, D): (S, B) pairs, shortest
+    # first; B = 1 at S = 8192 for memory and time (bench/arguments.py).
+    args_seqs: tuple[tuple[int, int], ...] = ((2048, 4), (8192, 1))
+    args_dims: tuple[int, ...] = (64, 128)
 
     @property
     def cuda(self) -> bool:
@@ -98,7 +100,12 @@ class Settings:
                 "dims": list(self.llm_dims),
                 "causal": list(self.llm_causal),
             },
-            "args": {"batch": self.args_batch, "heads": self.llm_heads, "seq": self.args_seq},
+            "args": {
+                "heads": self.llm_heads,
+                "seqs": [seq for seq, _ in self.args_seqs],
+                "batches": [batch for _, batch in self.args_seqs],
+                "dims": list(self.args_dims),
+            },
             "tolerance": {_dtype_name(k): v for k, v in TOLERANCE.items()},
         }
 
@@ -124,7 +131,7 @@ def make_settings(args, device: torch.device) -> Settings:
     if args.quick:
         settings.overhead_batches, settings.overhead_calls = 3, 50
         settings.llm_seqs = (1024, 4096)
-        settings.args_seq = 1024
+        settings.args_seqs, settings.args_dims = ((1024, 4),), (128,)
     if cuda:
         settings.kata_seqs = (1024, 4096) if args.quick else settings.kata_seqs
     else:
@@ -233,11 +240,15 @@ def _reference_chunks(flat, grad, causal, chunk, outs, grads) -> None:
             outs.append(out.detach())
 
 
-def set_ratios(rows: Iterable[dict]) -> None:
-    """ratio_to_flash and ratio_to_cudnn: that SDPA backend's time / the row's time (the row's
-    TFLOP/s over the backend's), per shape and pass; None where the backend was not timed."""
+LLM_BARS = {"ratio_to_flash": "sdpa flash", "ratio_to_cudnn": "sdpa cudnn"}
+
+
+def set_ratios(rows: Iterable[dict], bars: dict[str, str] = LLM_BARS) -> None:
+    """Each field of `bars` (ratio_to_flash, ratio_to_cudnn by default): the time of the row whose
+    implementation it names / the row's time (the row's TFLOP/s over that one's), per shape and
+    pass; None where that implementation was not timed."""
     for group in _groups(rows):
-        for field, backend in (("ratio_to_flash", "sdpa flash"), ("ratio_to_cudnn", "sdpa cudnn")):
+        for field, backend in bars.items():
             bar = next((r for r in group if r["implementation"] == backend), None)
             if bar is None or not bar["median_ms"]:
                 continue

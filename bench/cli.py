@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--only", nargs="+", choices=SECTIONS, metavar="SECTION", help="overhead, kata, llm, args"
     )
     parser.add_argument(
-        "--max-seq", type=int, metavar="N", help="skip sequence lengths above N (kata and LLM)"
+        "--max-seq", type=int, metavar="N", help="skip sequence lengths above N (kata, llm, args)"
     )
     parser.add_argument(
         "--json", type=Path, default=Path("bench.json"), help="where the rows go (bench.json)"

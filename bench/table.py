@@ -32,9 +32,11 @@ class Footnotes:
     def __init__(self):
         self.reasons: dict[str, int] = {}
 
+    def number(self, status: str) -> str:
+        return f"[{self.reasons.setdefault(status, len(self.reasons) + 1)}]"
+
     def mark(self, status: str) -> str:
-        number = self.reasons.setdefault(status, len(self.reasons) + 1)
-        return f"{status.split(':')[0]} [{number}]"
+        return f"{status.split(':')[0]} {self.number(status)}"
 
     def lines(self) -> list[str]:
         return [_short(f"  [{n}] {status}", 118) for status, n in self.reasons.items()]
@@ -150,34 +152,57 @@ def _kata_table(rows, report) -> list[str]:
     return lines + notes.lines() + _sdpa_ran(report, "kata float32")
 
 
+_BACKEND_NAMES = {"flash": "flash", "efficient": "efficient", "cudnn": "cuDNN", "math": "math"}
+
+
 def _args_table(rows, report) -> list[str]:
-    """One row per case: fixed's and SDPA's ms per call and TFLOP/s, forward and fwd+bwd."""
+    """One line per case, D, S and pass: fixed's ms (TFLOP/s), SDPA's default's and its best
+    backend's ms, and each one's time over fixed's."""
     notes = Footnotes()
-    batch, heads, seq = rows[0]["shape"][:3]
+    heads = rows[0]["shape"][1]
+    batches = {row["shape"][2]: row["shape"][0] for row in rows}
     lines = [
-        f"SDPA's arguments: bfloat16 (B={batch}, H={heads}, S={seq}, D), fixed vs SDPA default: "
-        "ms per call (TFLOP/s), and SDPA's time over fixed's",
-        f"  {'case':<13}{'D':>4}  {'pass':<8}{'fixed':<22}{'SDPA default':<22}SDPA/fixed",
+        f"SDPA's arguments: bfloat16 (B, H={heads}, S, D), "
+        + ", ".join(f"B={batch} at S={seq}" for seq, batch in batches.items())
+        + ": ms per call (fixed's TFLOP/s)",
+        "  x/fixed: SDPA's time over fixed's (over 1: fixed is faster); best: SDPA's fastest "
+        "backend that took the call",
+        f"  {'case':<12}{'D':>4}{'S':>6}  {'pass':<9}{'fixed':<21}{'SDPA default':<15}"
+        f"{'default/fixed':<14}{'SDPA best':<24}best/fixed",
     ]
+    previous_seq = None
     for group in _shown(rows):
         by_impl = {r["implementation"]: r for r in group}
-        cells = []
-        for key in ("fixed", "sdpa"):
-            row = by_impl[key]
-            if row["median_ms"]:
-                tflops = f" ({_fmt_tflops(row['tflops'])})" if row["tflops"] else ""
-                cells.append(f"{_fmt_ms(row['median_ms']) + ' ms' + tflops:<22}")
-            else:
-                cells.append(f"{notes.mark(row['status']):<22}")
-            if row["median_ms"] and row["status"] != "ok":
-                notes.mark(row["status"])
-        fixed_ms, sdpa_ms = by_impl["fixed"]["median_ms"], by_impl["sdpa"]["median_ms"]
-        ratio = f"{sdpa_ms / fixed_ms:.2f}×" if fixed_ms and sdpa_ms else "-"
+        fixed, default, best = by_impl["fixed"], by_impl["sdpa"], by_impl["sdpa best"]
+        tflops = f" ({_fmt_tflops(fixed['tflops'])})" if fixed["tflops"] else ""
+        backend = f" {_BACKEND_NAMES.get(best['backend'], best['backend'])}"
+        cells = [
+            f"{_args_cell(fixed, notes, tflops):<21}",
+            f"{_args_cell(default, notes):<15}",
+            f"{_ratio(fixed['ratio_to_sdpa']):<14}",
+            f"{_args_cell(best, notes, backend):<24}",
+            _ratio(fixed["ratio_to_best"]),
+        ]
         head = group[0]
-        lines.append(
-            f"  {head['case']:<13}{head['shape'][3]:>4}  {head['pass']:<8}" + "".join(cells) + ratio
-        )
+        _, _, seq, dim = head["shape"]
+        if previous_seq not in (None, seq):  # a blank line between the sequence lengths
+            lines.append("")
+        previous_seq = seq
+        lines.append(f"  {head['case']:<12}{dim:>4}{seq:>6}  {head['pass']:<9}" + "".join(cells))
     return lines + notes.lines()
+
+
+def _args_cell(row: dict, notes: Footnotes, suffix: str = "") -> str:
+    """A timed row's ms and suffix, with a footnote where its status says more than ok (dropout:
+    unchecked); else its status's first word and footnote."""
+    if not row["median_ms"]:
+        return notes.mark(row["status"])
+    text = f"{_fmt_ms(row['median_ms'])} ms{suffix}"
+    return text if row["status"] == "ok" else f"{text} {notes.number(row['status'])}"
+
+
+def _ratio(ratio: float | None) -> str:
+    return f"{ratio:.2f}×" if ratio else "-"
 
 
 def _llm_tables(rows, report) -> list[str]:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import math
 import time
+import types
 import warnings
 
 import pytest
 import torch
 
-from bench import backends, cases, cli, table, timing
+from bench import arguments, backends, cases, cli, table, timing
 
 CPU_ONLY = pytest.mark.skipif(
     torch.cuda.is_available(),
@@ -94,6 +95,18 @@ def test_quick_run_skips_every_llm_row_for_want_of_a_gpu(quick_report):
 
 
 @CPU_ONLY
+def test_quick_run_skips_every_args_row_for_want_of_a_gpu(quick_report):
+    rows = rows_of(quick_report, "args")
+    # --quick: one S and one D (head dim 80 its own), every case and pass, three rows each.
+    assert {(r["case"], r["shape"][2], r["shape"][3]) for r in rows} == {
+        (case.name, 1024, case.head_dim or 128) for case in arguments.CASES
+    }
+    assert len(rows) == 3 * 2 * len(arguments.CASES)
+    for row in rows:
+        assert row["status"].startswith("skipped: ") and "GPU" in row["status"], row
+
+
+@CPU_ONLY
 def test_every_row_has_the_documented_fields(quick_report):
     fields = {
         "section",
@@ -109,8 +122,13 @@ def test_every_row_has_the_documented_fields(quick_report):
         "ratio_to_cudnn",
         "status",
     }
+    args_fields = {"case", "head_dim_v", "ratio_to_sdpa", "ratio_to_best"}
     for row in quick_report["rows"]:
         assert fields <= row.keys(), row
+        if row["section"] == "args":
+            assert args_fields <= row.keys(), row
+            if row["implementation"] == "sdpa best":
+                assert {"backend", "backends"} <= row.keys(), row
         assert row["status"] == "ok" or row["status"].split(":")[0] in {
             "skipped",
             "unavailable",
@@ -277,3 +295,175 @@ def test_llm_table_shows_fixed_over_cudnn(cpu_bench):
     data = [line for line in lines if line.strip().startswith("32 no")]
     assert len(headers) == 2 and len(data) == 2, lines
     assert all(line.endswith("0.50×") for line in data), data
+
+
+# The args section: every case at each S and D, fixed against SDPA's default and its best backend.
+
+
+def args_grid() -> set[tuple]:
+    """(case, B, S, D, Ev) as the issue asks for them: B = 1 at S = 8192, head dim 80 at
+    E = Ev = 80 alone, Ev = D/2."""
+    grid = set()
+    for seq, batch in ((2048, 4), (8192, 1)):
+        grid.add(("head dim 80", batch, seq, 80, 80))
+        for dim in (64, 128):
+            for name in ("plain", "bool mask", "float mask", "GQA 16:4", "dropout 0.1"):
+                grid.add((name, batch, seq, dim, dim))
+            grid.add(("Ev D/2", batch, seq, dim, dim // 2))
+    return grid
+
+
+@CPU_ONLY
+def test_args_rows_cover_every_case_s_d_and_pass(cpu_bench):
+    _, impls = cpu_bench
+    settings = cases.make_settings(cli.build_parser().parse_args([]), torch.device("cpu"))
+    runner = timing.Bench(settings, log=lambda text: None)
+    arguments.run_arguments(runner, impls)
+    rows = runner.rows
+    assert len(rows) == len(args_grid()) * 2 * 3
+    keys = {}
+    for row in rows:
+        batch, heads, seq, dim = row["shape"]
+        assert heads == 16 and row["dtype"] == "bfloat16", row
+        key = (row["case"], batch, seq, dim, row["head_dim_v"])
+        keys.setdefault((*key, row["pass"]), []).append(row["implementation"])
+        assert row["status"].startswith("skipped: ") and "GPU" in row["status"], row
+        for field in ("median_ms", "tflops", "ratio_to_sdpa", "ratio_to_best"):
+            assert row[field] is None, row
+        if row["implementation"] == "sdpa best":
+            assert row["backend"] is None and row["backends"] == {}, row
+    assert {key[:5] for key in keys} == args_grid()
+    assert {key[5] for key in keys} == {"fwd", "fwd+bwd"}
+    assert all(impls_ == ["fixed", "sdpa", "sdpa best"] for impls_ in keys.values()), keys
+    # S = 2048 first: a time limit cuts the longest rows.
+    seqs = [row["shape"][2] for row in rows]
+    assert seqs == sorted(seqs), seqs
+    report = {
+        "machine": backends.machine_facts(torch.device("cpu")),
+        "settings": settings.to_json(),
+        "sdpa_kernels": {},
+        "rows": rows,
+    }
+    text = table.format_table(report)
+    assert "SDPA's arguments: skipped: need a CUDA GPU" in text, text
+    assert json.loads(json.dumps(report, allow_nan=False))["settings"]["args"] == {
+        "heads": 16,
+        "seqs": [2048, 8192],
+        "batches": [4, 1],
+        "dims": [64, 128],
+    }
+
+
+def run_args_case(settings, impls, name, shape, over_time=None):
+    runner = timing.Bench(settings, log=lambda text: None)
+    if over_time is not None:
+        runner.over_time = over_time
+    case = next(case for case in arguments.CASES if case.name == name)
+    groups = arguments.new_rows(impls, case, shape)
+    runner.rows = [row for rows in groups.values() for row in rows.values()]
+    arguments.run_case(runner, impls, case, shape, groups)
+    cases.set_ratios(runner.rows, {"ratio_to_sdpa": "sdpa", "ratio_to_best": "sdpa best"})
+    return {(row["implementation"], row["pass"]): row for row in runner.rows}
+
+
+def test_args_best_is_the_fastest_backend_that_takes_the_call(cpu_bench):
+    """On the CPU, SDPA's flash kernel takes the plain case; efficient and cuDNN refuse."""
+    settings, impls = cpu_bench
+    rows = run_args_case(settings, impls, "plain", (1, 2, 64, 32))
+    for pass_ in ("fwd", "fwd+bwd"):
+        fixed, best = rows[("fixed", pass_)], rows[("sdpa best", pass_)]
+        assert fixed["status"] == "ok" and rows[("sdpa", pass_)]["status"] == "ok", rows
+        assert best["status"] == "ok" and best["backend"] == "flash", best
+        assert best["rel_error"] < cases.TOLERANCE[torch.bfloat16], best
+        assert best["median_ms"] == best["backends"]["flash"]["median_ms"] > 0, best
+        assert set(best["backends"]) == {"flash", "efficient", "cudnn"}, best  # math: not needed
+        for refused in ("efficient", "cudnn"):
+            assert best["backends"][refused]["status"].startswith("unavailable: "), best
+            assert best["backends"][refused]["median_ms"] is None, best
+        assert fixed["ratio_to_best"] == pytest.approx(best["median_ms"] / fixed["median_ms"])
+        sdpa_ms = rows[("sdpa", pass_)]["median_ms"]
+        assert fixed["ratio_to_sdpa"] == pytest.approx(sdpa_ms / fixed["median_ms"])
+
+
+def test_args_best_falls_back_to_math_when_no_fused_backend_takes_it(cpu_bench):
+    """Ev != E: the CPU's flash kernel refuses it (and says why), so math is the best."""
+    settings, impls = cpu_bench
+    rows = run_args_case(settings, impls, "Ev D/2", (1, 2, 64, 32))
+    for pass_ in ("fwd", "fwd+bwd"):
+        best = rows[("sdpa best", pass_)]
+        assert best["status"] == "ok" and best["backend"] == "math", best
+        assert best["head_dim_v"] == 16 and best["rel_error"] < 2e-2, best
+        assert "same last dimension" in best["backends"]["flash"]["status"], best
+
+
+def test_args_best_says_a_backend_was_wrong_and_refusals_leave_no_time(cpu_bench):
+    settings, impls = cpu_bench
+
+    def wrong(query, key, value, causal=False, **kwargs):
+        return backends.sdpa(query, key, value, causal, **kwargs) * 1.5
+
+    def refused(query, key, value, causal=False, **kwargs):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    with_wrong = types.SimpleNamespace(**vars(impls))
+    with_wrong.flash = cases.Impl("sdpa flash", "SDPA flash", wrong, backend="flash")
+    rows = run_args_case(settings, with_wrong, "plain", (1, 2, 64, 32))
+    best = rows[("sdpa best", "fwd")]
+    assert best["backend"] == "math" and best["median_ms"] > 0, best  # no fused one was right
+    assert best["status"].startswith("ok; flash WRONG: relative error"), best
+
+    none = types.SimpleNamespace(**vars(impls))
+    for name in ("flash", "efficient", "cudnn", "math"):
+        setattr(none, name, cases.Impl(f"sdpa {name}", name, refused, backend=name))
+    rows = run_args_case(settings, none, "plain", (1, 2, 64, 32))
+    for pass_ in ("fwd", "fwd+bwd"):
+        best, fixed = rows[("sdpa best", pass_)], rows[("fixed", pass_)]
+        assert best["status"].startswith("unavailable: no SDPA backend was timed (flash "), best
+        assert best["median_ms"] is None and best["backend"] is None, best
+        assert fixed["status"] == "ok" and fixed["ratio_to_best"] is None, fixed
+
+
+def test_args_time_limit_mid_case_skips_whole_passes(cpu_bench):
+    """The limit spent after the forward pass: its rows are timed, fwd+bwd's say why not."""
+    settings, impls = cpu_bench
+    reason = "skipped: the run's --time-limit of 1 s was spent"
+    calls = []
+
+    def over_time():
+        calls.append(1)
+        return reason if len(calls) > 1 else None
+
+    rows = run_args_case(settings, impls, "bool mask", (1, 2, 64, 32), over_time)
+    for key in ("fixed", "sdpa", "sdpa best"):
+        assert rows[(key, "fwd")]["median_ms"] > 0, rows[(key, "fwd")]
+        assert rows[(key, "fwd+bwd")]["status"] == reason, rows[(key, "fwd+bwd")]
+    lines = table._args_table(list(rows.values()), {})
+    assert any(line.strip().startswith("bool mask") and "fwd " in line for line in lines), lines
+    assert not any("fwd+bwd" in line for line in lines), lines  # a skipped group: not shown
+
+
+def test_args_table_shows_both_ratios_and_the_best_backend(cpu_bench):
+    _, impls = cpu_bench
+    rows = []
+    for (seq, batch), dim in (((2048, 4), 64), ((8192, 1), 128)):
+        case = arguments.CASES[0]
+        groups = arguments.new_rows(impls, case, (batch, 16, seq, dim))
+        for pass_, group in groups.items():
+            scale = 3 if pass_ == cases.FWD_BWD else 1
+            group["fixed"].update(median_ms=2.0 * scale, tflops=100.0)
+            group["sdpa"].update(median_ms=1.5 * scale)
+            if seq == 2048:
+                group["sdpa best"].update(median_ms=1.0 * scale, backend="cudnn")
+            else:
+                group["sdpa best"]["status"] = "unavailable: no SDPA backend was timed (...)"
+            rows += group.values()
+    cases.set_ratios(rows, {"ratio_to_sdpa": "sdpa", "ratio_to_best": "sdpa best"})
+    lines = table._args_table(rows, {})
+    assert "B=4 at S=2048, B=1 at S=8192" in lines[0], lines
+    data = [line for line in lines if line.strip().startswith("plain")]
+    assert len(data) == 4, lines
+    assert data[0].split()[:4] == ["plain", "64", "2048", "fwd"], data
+    assert "0.75×" in data[0] and "1.000 ms cuDNN" in data[0], data
+    assert data[0].endswith("0.50×") and data[1].endswith("0.50×"), data
+    assert "unavailable [1]" in data[2] and data[2].endswith("-"), data
+    assert lines[-1].startswith("  [1] unavailable: no SDPA backend"), lines
