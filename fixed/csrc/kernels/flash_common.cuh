@@ -403,7 +403,7 @@ __device__ __forceinline__ float dropout_factor(uint32_t kept, int index, float 
   return (kept >> index) & 1u ? keep_scale : 0.f;
 }
 
-// The same as factors: z[k] = Z of the thread's two elements of block k (first in .x).
+// dropout_keep_bits as factors: z[k] = Z of the thread's two elements of block k (first in .x).
 template <DropoutPair kPair>
 __device__ __forceinline__ void dropout_factors(const AttentionProblem& p, float keep_scale,
                                                 uint32_t keep_threshold, int64_t b, int64_t row,

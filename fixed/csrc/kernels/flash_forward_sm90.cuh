@@ -333,27 +333,17 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
         grew = grew || !same;
         rescale[h] = same ? 1.f : exp2_approx(fmaf(row_max[h], unit, -max_log2));
         row_max[h] = block_max;
-        float sum = 0.f;
+        float sum = 0.f;  // of the undropped probabilities: lse is the undropped softmax's
 #pragma unroll
-        for (int j = 0; j < kNTiles; j += 4) {  // n-tiles j .. j + 3
-          float prob[4][2];
+        for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              prob[jj][c] = exp2_approx(fmaf(s[4 * (j + jj) + 2 * h + c], unit, -max_log2));
-              sum += prob[jj][c];
-            }
-          }
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              s[4 * (j + jj) + 2 * h + c] =
-                  has_dropout ? prob[jj][c] * dropout_factor(kept[h][kDropoutArgs ? j / 4 : 0],
-                                                             2 * jj + c, keep_scale)
-                              : prob[jj][c];
-            }
+          for (int c = 0; c < 2; ++c) {
+            const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], unit, -max_log2));
+            sum += prob;
+            s[4 * j + 2 * h + c] =
+                has_dropout ? prob * dropout_factor(kept[h][kDropoutArgs ? j / 4 : 0],
+                                                    2 * (j % 4) + c, keep_scale)
+                            : prob;
           }
         }
         row_sum[h] = row_sum[h] * rescale[h] + sum;

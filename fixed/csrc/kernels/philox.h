@@ -53,9 +53,9 @@ FIXED_ATTENTION_HOST_DEVICE Words philox(uint32_t c0, uint32_t c1, uint32_t k0, 
 // Element (i, j) takes half j & 1 (the low 16 bits for an even key) of word
 // 2 (i & 1) + ((j >> 1) & 1). A thread of the tensor-core kernels holds two elements of a block
 // (two keys of a row in the forward, two rows of a key in the backward) and four lanes share it,
-// so that one call serves eight elements (flash_common.cuh, dropout_factors). Four 16-bit
-// uniforms per word, not one 24-bit one: half the Philox rounds per element, which are the most
-// of dropout's cost on the tensor cores (perf/NOTES.md, v19). The key is the seed's two halves.
+// so that one call serves eight elements (flash_common.cuh, dropout_keep_bits). Two 16-bit
+// uniforms per word, not one 24-bit one: half the Philox rounds per element (perf/NOTES.md,
+// v19). The key is the seed's two 32-bit halves.
 FIXED_ATTENTION_HOST_DEVICE Words block_words(uint64_t seed, int64_t b, int64_t i, int64_t j,
                                               int64_t len_q, int64_t len_kv) {
   const uint64_t block_rows = (static_cast<uint64_t>(len_q) + 1) / 2;
