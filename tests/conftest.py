@@ -3,12 +3,20 @@ runs in its own process, so both reviews run once and the per-flaw tests read th
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kata import FLAWED_DIR
+from kata.harness import keeper
 from kata.harness.catalog import CATALOG, Need
 from kata.harness.review import Review, resolve_implementation, run_review
 from kata.toolchain import builders, shipped
+
+# No keeper (kata/harness/keeper.py) outlives the tests: modules that look at the machine when
+# collected, before PYTEST_CURRENT_TEST is set, and commands run with environments of their own
+# would start one. KATA_KEEP_ZYGOTES=600 runs them through kept zygotes.
+os.environ.setdefault(keeper.KEEP_ENV, "0")
 
 NEED_MARKS = {
     Need.CUDA: pytest.mark.cuda,

@@ -234,6 +234,7 @@ class CheckPrinter:
 def _check(args) -> int:
     import secrets
 
+    from kata.harness import isolation, keeper
     from kata.harness.catalog import CATALOG
     from kata.harness.review import resolve_implementation, run_review
 
@@ -259,6 +260,8 @@ def _check(args) -> int:
         shown_import=printer.shown_import,
     )
     print("\n" + summary, flush=True)
+    if isolation.kept_zygotes_started():
+        print(style.paint(keeper.STARTED_NOTE, "2"), flush=True)
     if args.failing_to:  # for `watch`: the next check starts with these
         failing = [r.flaw.id for r in review.reports if r.result.status in FAILING]
         Path(args.failing_to).write_text("".join(f"{flaw_id}\n" for flaw_id in failing))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kata import REPO_ROOT
-from kata.harness import endings, forked, lifeline, sandbox, zygote
+from kata.harness import endings, forked, keeper, lifeline, sandbox, zygote
 from kata.harness.child import MARKER
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -33,6 +33,7 @@ _running: set[subprocess.Popen] = set()
 _running_lock = threading.Lock()
 _stopped = False  # set by kill_all: no new probe process starts after it
 _zygotes: dict[str, zygote.Zygote | zygote.Adopted] = {}  # "judge", "runner": on first use
+_keeper_state: dict | None = None  # keeper.kept()'s answer, {} where none; None: not asked yet
 LASTING = "KATA_ZYGOTES"  # "judge=NAME,runner=NAME": zygotes another process keeps (watch)
 
 
@@ -42,6 +43,8 @@ def _zygote(kind: str) -> zygote.Zygote | zygote.Adopted | None:
     slower but the same)."""
     with _running_lock:
         started = _start_zygote(kind)
+    if isinstance(started, zygote.Adopted):
+        keeper.touch()  # a kept zygote in use: its keeper's idle time starts again
     return started if started is not None and started.usable() else None
 
 
@@ -59,10 +62,27 @@ def _start_zygote(kind: str) -> zygote.Zygote | zygote.Adopted | None:
     if off or _stopped:
         return None
     if kind not in _zygotes:
-        kept = zygote.Adopted(kind, _lasting()[kind]) if kind in _lasting() else None
-        # None kept for us, or it is gone: one of this review's own
-        _zygotes[kind] = kept if kept and kept.usable() else zygote.Zygote(kind, _probe_env())
+        lasting = zygote.Adopted(kind, _lasting()[kind]) if kind in _lasting() else None
+        if lasting and lasting.usable():
+            _zygotes[kind] = lasting
+        elif kept := _kept():  # still importing torch, maybe: _zygote waits
+            _zygotes[kind] = zygote.Adopted(kind, kept[kind], keeper=kept["pid"])
+        else:  # none kept for us, or it is gone: one of this review's own
+            _zygotes[kind] = zygote.Zygote(kind, _probe_env())
     return _zygotes[kind]
+
+
+def _kept() -> dict | None:
+    """Under _running_lock: the zygotes a keeper holds across runs (keeper.py), asked for once."""
+    global _keeper_state
+    if _keeper_state is None:
+        _keeper_state = keeper.kept(_probe_env()) or {}
+    return _keeper_state or None
+
+
+def kept_zygotes_started() -> bool:
+    """Whether this run started a keeper (the candidate's commands say so once)."""
+    return bool(_keeper_state and _keeper_state.get("started"))
 
 
 def _lasting() -> dict[str, str]:

@@ -33,6 +33,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 MAX_REQUEST_BYTES = 1 << 20
@@ -233,23 +234,45 @@ class Zygote:
 
 
 class Adopted:
-    """A zygote that another process started and keeps (watch, across its checks): used like a
-    Zygote of this review's own, but never ended from here."""
+    """A zygote that another process started and keeps (watch across its checks, a keeper
+    across runs: keeper.py): used like a Zygote of this review's own, but never ended from here."""
 
-    def __init__(self, kind: str, name: str):
-        self.kind, self.name = kind, name
+    def __init__(self, kind: str, name: str, keeper: int | None = None):
+        self.kind, self.name, self.keeper = kind, name, keeper
 
-    def usable(self) -> bool:
-        """Whether it still listens (it ends with the process that keeps it)."""
+    def usable(self, timeout: float = 60) -> bool:
+        """Whether it listens, as this user (it ends with the process that keeps it). A kept
+        zygote may still be importing torch: that is waited for while its keeper lives."""
+        deadline = time.monotonic() + (timeout if self.keeper else 0)
+        while not self._listens():
+            if time.monotonic() >= deadline or not _alive(self.keeper):
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _listens(self) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
             try:
                 probe.connect("\0" + self.name)
+                peer = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
             except OSError:
                 return False
-        return True
+        return struct.unpack("3i", peer)[1] == os.getuid()  # never another user's socket
 
     def close(self) -> None:
         """Its keeper ends it: nothing to do here."""
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 if __name__ == "__main__":

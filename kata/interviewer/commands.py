@@ -95,6 +95,7 @@ def _flaw_ids(values: list[str] | None, catalog, round_number: int) -> list[str]
 
 
 def _review(args) -> int:
+    from kata.harness import isolation, keeper
     from kata.harness.review import Implementation, resolve_implementation, run_review
     from kata.interviewer import report
 
@@ -144,6 +145,8 @@ def _review(args) -> int:
         print(report.format_table(review, changes, bands))
         if args.markdown:
             print(f"Markdown report written to {args.markdown}")
+        if isolation.kept_zygotes_started():
+            print(keeper.STARTED_NOTE)
     return 0
 
 
