@@ -267,6 +267,25 @@ def test_a_crash_is_placed_in_the_probes_case_after_checked_calls(candidate):
         )
 
 
+def test_judges_take_one_cuda_queue_and_only_the_stream_probes_runner_gets_the_default(
+    monkeypatch,
+):
+    """One hardware queue per context makes a GPU review's 40 contexts cheap to create; the
+    stream probe's runner keeps the default 8, without which a kernel on the wrong stream
+    would be serialised behind the right one and its race never seen. A user's own number
+    stands everywhere."""
+    from kata.harness import isolation
+
+    queues = isolation.CONNECTIONS_ENV
+    monkeypatch.delenv(queues, raising=False)
+    assert isolation._judge_env()[queues] == "1"
+    assert isolation._runner_unsets("stream") == [queues]
+    assert [p for p in PROBES if isolation._runner_unsets(p)] == ["stream"]
+    monkeypatch.setenv(queues, "4")
+    assert isolation._judge_env()[queues] == "4"
+    assert isolation._runner_unsets("stream") == []
+
+
 def test_cases_judged_in_lanes_keep_their_verdicts_and_a_hang_its_case(candidate, monkeypatch):
     """Device's cases in three lanes (a runner each, at once, as on a GPU machine): a crash is
     still its own case's failure, and a hang in one lane is placed in its case, not in the case

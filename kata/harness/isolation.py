@@ -34,6 +34,8 @@ _running_lock = threading.Lock()
 _stopped = False  # set by kill_all: no new probe process starts after it
 _zygotes: dict[str, zygote.Zygote | zygote.Adopted] = {}  # "judge", "runner": on first use
 _keeper_state: dict | None = None  # keeper.kept()'s answer, {} where none; None: not asked yet
+CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"  # hardware queues per CUDA context: _judge_env
+STREAMS_OVERLAP = ("stream",)  # probes whose runners keep CUDA's default queues
 LASTING = "KATA_ZYGOTES"  # "judge=NAME,runner=NAME": zygotes another process keeps (watch)
 
 
@@ -120,7 +122,7 @@ def machine_facts(timeout: float = 60) -> dict | None:
             if _stopped:
                 return None
             try:
-                process = forked.spawn(judges.name, argv, cwd=scratch, env=_probe_env())
+                process = forked.spawn(judges.name, argv, cwd=scratch, env=_judge_env())
             except OSError:
                 return None
             _running.add(process)
@@ -137,9 +139,27 @@ def machine_facts(timeout: float = 60) -> dict | None:
 
 
 def _probe_env() -> dict:
-    """The environment of a probe's judge (and of the zygotes): the harness importable."""
+    """The environment of the zygotes: the harness importable."""
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     return dict(os.environ, PYTHONPATH=python_path, PYTHONFAULTHANDLER="1")
+
+
+def _judge_env() -> dict:
+    """The environment of a probe's judge, and by default of its runners: one hardware queue
+    per CUDA context (where the user set no number). A review creates 40 contexts at once on a
+    GPU, and the driver creates them one at a time, each with its queues: 16 at once took 3.9 s
+    with the default 8 queues and 1.5 s with one (H100). A probe that needs streams to overlap
+    gets the default back in its runner (STREAMS_OVERLAP)."""
+    env = _probe_env()
+    env.setdefault(CONNECTIONS_ENV, "1")
+    return env
+
+
+def _runner_unsets(probe_id: str) -> list[str]:
+    """What a probe's runner drops from its judge's environment: one hardware queue serialises
+    the streams' work, which would hide the race the stream probe looks for."""
+    queues_set_here = CONNECTIONS_ENV not in os.environ
+    return [CONNECTIONS_ENV] if probe_id in STREAMS_OVERLAP and queues_set_here else []
 
 
 def kill_all() -> None:
@@ -191,7 +211,7 @@ def run_isolated(
 ) -> ProbeResult:
     """Run one probe in a child process and turn whatever happens into a ProbeResult.
     `kernel_library`: the shipped vendor kernel, whose answers a wrapper must return."""
-    env = _probe_env()
+    env = _judge_env()
     with tempfile.TemporaryDirectory(prefix=f"kata-{probe_id}-") as scratch:
         cwd = workdir or Path(scratch)
         spec = {
@@ -202,6 +222,7 @@ def run_isolated(
             "kernel_library": str(kernel_library) if kernel_library else None,
             "runner": _runner(implementation, Path(scratch), cwd),
         }
+        spec["runner"]["unset"] = _runner_unsets(probe_id)
         judges = _zygote("judge")
         with _running_lock:
             if _stopped:
