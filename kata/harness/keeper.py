@@ -23,6 +23,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ STATE_DIR = REPO_ROOT / "build" / "zygotes"
 # What the zygotes' imports and their children's CUDA read from the environment.
 ENV_PREFIXES = ("CUDA", "TORCH", "PYTORCH", "KATA_", "LD_", "PYTHON", "NVIDIA", "OMP_", "MKL_")
 KINDS = ("judge", "runner")
+START_TIMEOUT_S = 30  # for a keeper to name its zygotes; past it the run starts its own
 # Said once, by the run that started a keeper: nothing of the kata's runs unannounced.
 STARTED_NOTE = (
     "torch stays imported for the next run: two helper processes wait 10 idle minutes for it "
@@ -144,7 +146,9 @@ def _start(env: dict, want: str, idle: int, state_dir: Path) -> dict | None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # outlives the run; the terminal's Ctrl-C does not reach it
     )
-    line = process.stdout.readline()  # "started" once kept.json names its zygotes
+    # "started" once kept.json names its zygotes: a matter of milliseconds, never waited on long
+    ready, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
+    line = process.stdout.readline() if ready else b""
     process.stdout.close()
     state = _read(state_dir)
     if line != b"started\n" or not state or state.get("pid") != process.pid:
