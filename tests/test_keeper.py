@@ -132,3 +132,21 @@ def test_an_adopted_zygote_must_be_this_users(keeping, tmp_path):
     waited = time.monotonic()
     assert not zygote.Adopted("runner", "kata-runner-nobody", keeper=2**22 + 1).usable()
     assert time.monotonic() - waited < 5, "waited for a keeper that does not exist"
+
+
+def test_a_run_asks_the_keeper_once_and_again_after_closing_its_zygotes(monkeypatch):
+    """watch closes its zygotes when kata/ changed: the next ones must come from a keeper of
+    the new sources, not from the answer it had before."""
+    from kata.harness import isolation
+
+    asked = []
+    monkeypatch.setattr(keeper, "kept", lambda env: asked.append(env) or None)
+    monkeypatch.setattr(isolation, "_keeper_state", None)
+    with isolation._running_lock:
+        isolation._kept()
+        isolation._kept()
+    assert len(asked) == 1
+    isolation.close_zygotes()
+    with isolation._running_lock:
+        isolation._kept()
+    assert len(asked) == 2

@@ -311,7 +311,7 @@ def _wait_for_save(directory: Path, before: dict, interval: float) -> list[str]:
 
 
 def _watch(args) -> int:
-    from kata.harness import isolation
+    from kata.harness import isolation, keeper
     from kata.harness.review import resolve_implementation
 
     implementation = resolve_implementation(args.impl)
@@ -346,6 +346,8 @@ def _watch(args) -> int:
                     isolation.close_zygotes()
                     env.update(isolation.lasting_zygotes())
                     harness = sources
+                    if isolation.kept_zygotes_started():
+                        print(style.paint(keeper.STARTED_NOTE, "2"), flush=True)
                 failing_file.unlink(missing_ok=True)
                 order = ["--first", ",".join(failing)] if failing else []
                 this_run = [*command, *order, "--failing-to", str(failing_file)]

@@ -103,11 +103,14 @@ def lasting_zygotes() -> dict[str, str]:
 
 
 def close_zygotes() -> None:
-    """End this process's zygotes (with any children they still have); the next use starts new."""
+    """End this process's zygotes (with any children they still have); the next use starts new,
+    or asks the keeper again (watch, after kata/ changed: the digest tells the old ones apart)."""
+    global _keeper_state
     with _running_lock:
         for started in _zygotes.values():
             started.close()
         _zygotes.clear()
+        _keeper_state = None
 
 
 def machine_facts(timeout: float = 60) -> dict | None:
