@@ -79,30 +79,49 @@ def test_the_next_run_adopts_the_kept_zygotes_and_they_end_when_idle(keeping, tm
         # each child starts from the zygote, never from a sibling or an earlier run's child
         assert fork_from(first["runner"], tmp_path) == "1 False"
         assert fork_from(second["runner"], tmp_path) == "1 False"
-        # another environment (what the zygotes imported torch with) gets a keeper of its own
+        # another environment (what the zygotes imported torch with) gets a keeper of its own,
+        # beside the first: a run still using the first keeps its probes
         other = keeper.kept({**keeping, "KATA_SOMETHING_NEW": "1"}, tmp_path)
         assert other and other["started"] and other["pid"] != first["pid"]
-        assert gone_within(first["pid"], 10), "the replaced keeper lives on"
-        assert gone_within_listening(first["runner"], 10), "the replaced keeper's zygote lives on"
-        # idle: no run touched kept.json for IDLE_S seconds
-        assert gone_within(other["pid"], IDLE_S + 10), "an idle keeper lives on"
-        assert not (tmp_path / "kept.json").exists()
-        assert gone_within_listening(other["runner"], 10), "an idle keeper's zygote lives on"
+        assert other["file"] != first["file"]
+        assert runners.usable() and fork_from(first["runner"], tmp_path) == "1 False"
+        # idle: no run touched their files for IDLE_S seconds
+        for ended in (first, other):
+            assert gone_within(ended["pid"], IDLE_S + 10), "an idle keeper lives on"
+            assert gone_within_listening(ended["runner"], 10), "an idle keeper's zygote lives on"
+        assert not list(tmp_path.glob("kept-*.json"))
+    finally:
+        keeper.stop(tmp_path)
+
+
+def test_stop_ends_every_keeper_and_the_next_run_starts_afresh(keeping, tmp_path):
+    first = keeper.kept(keeping, tmp_path)
+    other = keeper.kept({**keeping, "KATA_SOMETHING_NEW": "1"}, tmp_path)
+    assert first and other and first["pid"] != other["pid"]
+    assert keeper.stop(tmp_path) == 2
+    for ended in (first, other):
+        assert gone_within(ended["pid"], 10), "a stopped keeper lives on"
+        assert gone_within_listening(ended["runner"], 10), "a stopped keeper's zygote lives on"
+    again = keeper.kept(keeping, tmp_path)
+    try:
+        assert again and again["started"] and again["pid"] != first["pid"]
     finally:
         keeper.stop(tmp_path)
 
 
 def test_a_state_file_naming_another_process_never_gets_it_signalled(keeping, tmp_path):
-    """kept.json is only trusted to name a keeper: a stale or forged pid is left alone."""
+    """A keeper's file is only trusted to name a keeper: a stale or forged pid is left alone."""
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        state = {"pid": bystander.pid, "digest": "another", "judge": "x", "runner": "y"}
-        (tmp_path / "kept.json").write_text(json.dumps(state))
-        assert not keeper.stop(tmp_path)
-        (tmp_path / "kept.json").write_text(json.dumps(state))
+        want = keeper.digest(keeping)
+        state = {"pid": bystander.pid, "digest": want, "judge": "x", "runner": "y"}
+        forged = tmp_path / f"kept-{want[:32]}.json"
+        forged.write_text(json.dumps(state))
         started = keeper.kept(keeping, tmp_path)
         assert started and started["started"] and started["pid"] != bystander.pid
-        assert bystander.poll() is None, "a process named in kept.json was signalled"
+        forged.write_text(json.dumps(state))
+        assert keeper.stop(tmp_path) == 0
+        assert bystander.poll() is None, "a process named in a keeper's file was signalled"
     finally:
         keeper.stop(tmp_path)
         bystander.kill()
@@ -122,12 +141,12 @@ def test_nothing_is_kept_under_pytest_ci_or_when_turned_off(keeping, tmp_path):
     ]:
         assert keeper.idle_seconds(env) == 0, env
         assert keeper.kept(env, tmp_path) is None
-    assert not (tmp_path / "kept.json").exists()
+    assert not list(tmp_path.glob("kept-*.json"))
     assert keeper.idle_seconds({**keeping, "CI": "true"}) == IDLE_S, "asked for, and not kept"
 
 
 def test_an_adopted_zygote_must_be_this_users(keeping, tmp_path):
-    """A name in kept.json that nobody listens on, or whose keeper is gone, is not adopted."""
+    """A name in a keeper's file that nobody listens on, or whose keeper is gone, is not adopted."""
     assert not zygote.Adopted("runner", "kata-runner-nobody", keeper=None).usable()
     waited = time.monotonic()
     assert not zygote.Adopted("runner", "kata-runner-nobody", keeper=2**22 + 1).usable()

@@ -261,7 +261,7 @@ def _check(args) -> int:
     )
     print("\n" + summary, flush=True)
     if isolation.kept_zygotes_started():
-        print(style.paint(keeper.STARTED_NOTE, "2"), flush=True)
+        print(style.paint(keeper.started_note(), "2"), flush=True)
     if args.failing_to:  # for `watch`: the next check starts with these
         failing = [r.flaw.id for r in review.reports if r.result.status in FAILING]
         Path(args.failing_to).write_text("".join(f"{flaw_id}\n" for flaw_id in failing))
@@ -347,7 +347,7 @@ def _watch(args) -> int:
                     env.update(isolation.lasting_zygotes())
                     harness = sources
                     if isolation.kept_zygotes_started():
-                        print(style.paint(keeper.STARTED_NOTE, "2"), flush=True)
+                        print(style.paint(keeper.started_note(), "2"), flush=True)
                 failing_file.unlink(missing_ok=True)
                 order = ["--first", ",".join(failing)] if failing else []
                 this_run = [*command, *order, "--failing-to", str(failing_file)]

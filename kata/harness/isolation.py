@@ -36,7 +36,8 @@ _zygotes: dict[str, zygote.Zygote | zygote.Adopted] = {}  # "judge", "runner": o
 _keeper_state: dict | None = None  # keeper.kept()'s answer, {} where none; None: not asked yet
 CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"  # hardware queues per CUDA context: _judge_env
 STREAMS_OVERLAP = ("stream",)  # probes whose runners keep CUDA's default queues
-LASTING = "KATA_ZYGOTES"  # "judge=NAME,runner=NAME": zygotes another process keeps (watch)
+LASTING = "KATA_ZYGOTES"  # "judge=NAME,runner=NAME[,kept=FILE]": zygotes another process keeps
+LASTING_KEYS = ("judge", "runner", "kept")
 
 
 def _zygote(kind: str) -> zygote.Zygote | zygote.Adopted | None:
@@ -45,8 +46,8 @@ def _zygote(kind: str) -> zygote.Zygote | zygote.Adopted | None:
     slower but the same)."""
     with _running_lock:
         started = _start_zygote(kind)
-    if isinstance(started, zygote.Adopted):
-        keeper.touch()  # a kept zygote in use: its keeper's idle time starts again
+    if isinstance(started, zygote.Adopted):  # a kept zygote in use: its keeper waits on
+        keeper.touch((_keeper_state or {}).get("file") or _lasting().get("kept"))
     return started if started is not None and started.usable() else None
 
 
@@ -88,8 +89,9 @@ def kept_zygotes_started() -> bool:
 
 
 def _lasting() -> dict[str, str]:
+    """{"judge": name, "runner": name, "kept": the keeper's file, where a keeper holds them}."""
     entries = (entry.partition("=") for entry in os.environ.get(LASTING, "").split(","))
-    return {kind: name for kind, _, name in entries if kind in ("judge", "runner") and name}
+    return {key: value for key, _, value in entries if key in LASTING_KEYS and value}
 
 
 def lasting_zygotes() -> dict[str, str]:
@@ -98,8 +100,10 @@ def lasting_zygotes() -> dict[str, str]:
     hold torch and the harness, never a candidate's code: nothing crosses from one check to the
     next but the time they saved. close_zygotes() ends them."""
     start_zygotes()
-    kept = {kind: started for kind, started in _zygotes.items() if started.usable()}
-    return {LASTING: ",".join(f"{kind}={started.name}" for kind, started in kept.items())}
+    kept = {kind: started.name for kind, started in _zygotes.items() if started.usable()}
+    if kept and _keeper_state:
+        kept["kept"] = _keeper_state["file"]  # each check touches it: the keeper waits on
+    return {LASTING: ",".join(f"{key}={value}" for key, value in kept.items())}
 
 
 def close_zygotes() -> None:

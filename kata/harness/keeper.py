@@ -2,17 +2,19 @@
 loop) find torch imported already, instead of paying 3-4 s per run on an H100 to import it again.
 
 A keeper is a detached process (a session of its own, no terminal, its output on /dev/null) that
-starts both zygotes (zygote.py) and holds them; build/zygotes/kept.json names them. Every probe
-that uses them touches that file, and the keeper ends them and itself once no run has for
-IDLE_S, or when the file is gone or names another keeper. The zygotes hold torch and the
-harness, never a candidate's code (their children confine themselves first and send nothing
-back): what crosses from one run to the next is the time saved, as with watch's zygotes.
+starts both zygotes (zygote.py) and holds them, named in build/zygotes/kept-DIGEST.json. Every
+probe that uses them touches that file, and the keeper ends them and itself once no run has for
+its idle time, or when the file is gone (make clean) or names another keeper. The zygotes hold
+torch and the harness, never a candidate's code (their children confine themselves first and
+nothing comes back to the zygote): what crosses from one run to the next is the time saved, as
+with watch's zygotes.
 
-Only a run with the same harness sources, interpreter, torch and environment adopts them: the
-file records a digest of those, and a run that finds another starts a new keeper and tells the
-old one to go. KATA_KEEP_ZYGOTES=N keeps them N idle seconds (0: none kept); unset, it is
-IDLE_S, and none are kept under pytest or CI. KATA_ZYGOTE=off turns zygotes off altogether.
-`python -m kata.harness.keeper --stop` ends them; so does removing build/ (make clean).
+DIGEST covers the harness sources, the interpreter, torch and the environment: only a run like
+the one that started a keeper adopts its zygotes. A run unlike it starts a keeper of its own
+beside it, never in its place, so no run's probes are ended by another's (an old one idles out).
+KATA_KEEP_ZYGOTES=N keeps them N idle seconds (0: none kept); unset, it is IDLE_S, and none are
+kept under pytest or CI. KATA_ZYGOTE=off turns zygotes off altogether.
+`python -m kata.harness.keeper --stop` ends every keeper of this copy of the kata.
 """
 
 from __future__ import annotations
@@ -41,11 +43,16 @@ STATE_DIR = REPO_ROOT / "build" / "zygotes"
 ENV_PREFIXES = ("CUDA", "TORCH", "PYTORCH", "KATA_", "LD_", "PYTHON", "NVIDIA", "OMP_", "MKL_")
 KINDS = ("judge", "runner")
 START_TIMEOUT_S = 30  # for a keeper to name its zygotes; past it the run starts its own
-# Said once, by the run that started a keeper: nothing of the kata's runs unannounced.
-STARTED_NOTE = (
-    "torch stays imported for the next run: two helper processes wait 10 idle minutes for it "
-    f"({KEEP_ENV}=0 turns this off; python -m kata.harness.keeper --stop ends them)"
-)
+
+
+def started_note(env: Mapping[str, str] = os.environ) -> str:
+    """Said once, by the run that started a keeper: nothing of the kata's runs unannounced."""
+    minutes = max(1, round(idle_seconds(env) / 60))
+    return (
+        f"torch stays imported for the next run: two helper processes wait {minutes} idle "
+        f"minutes for it ({KEEP_ENV}=0 turns this off; python -m kata.harness.keeper --stop "
+        "ends them)"
+    )
 
 
 def idle_seconds(env: Mapping[str, str] = os.environ) -> int:
@@ -62,7 +69,7 @@ def idle_seconds(env: Mapping[str, str] = os.environ) -> int:
 
 def digest(env: dict) -> str:
     """What a kept zygote must share with the run that adopts it."""
-    parts = [sys.executable, sys.version]
+    parts = [os.path.realpath(sys.executable), sys.prefix, sys.version]  # python = python3
     for source in sorted((REPO_ROOT / "kata").rglob("*.py")):
         content = hashlib.sha256(source.read_bytes()).hexdigest()
         parts += [str(source.relative_to(REPO_ROOT)), content]
@@ -74,51 +81,53 @@ def digest(env: dict) -> str:
 
 
 def kept(env: dict, state_dir: Path = STATE_DIR) -> dict | None:
-    """{"judge": name, "runner": name, "pid": keeper, "started": bool} of zygotes kept for
-    runs like this one, a keeper started for them where none was; None where that fails (the
-    caller starts zygotes of its own). The zygotes may still be importing torch: the caller
-    waits for them (zygote.Adopted.usable)."""
+    """{"judge": name, "runner": name, "pid": keeper, "file": its file, "started": bool} of
+    zygotes kept for runs like this one, a keeper started for them where none was; None where
+    that fails (the caller starts zygotes of its own). The zygotes may still be importing torch:
+    the caller waits for them (zygote.Adopted.usable)."""
     idle = idle_seconds(env)
     if not idle:
         return None
     try:
         want = digest(env)
+        path = state_dir / f"kept-{want[:32]}.json"
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(state_dir / "lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once start one keeper
-            state = _read(state_dir)
+            state = _read(path)
             if state and state.get("digest") == want and _is_keeper(state.get("pid")):
-                touch(state_dir)
-                return {**state, "started": False}
-            if state:
-                stop(state_dir)
-            return _start(env, want, idle, state_dir)
+                touch(path)
+                return {**state, "file": str(path), "started": False}
+            return _start(env, want, idle, path)
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
 
 
-def touch(state_dir: Path = STATE_DIR) -> None:
-    """A run is using the kept zygotes: the keeper's idle time starts again."""
-    with contextlib.suppress(OSError):
-        os.utime(state_dir / "kept.json")
+def touch(path: str | Path | None) -> None:
+    """A run is using the kept zygotes: their keeper's idle time starts again."""
+    if path:
+        with contextlib.suppress(OSError):
+            os.utime(path)
 
 
-def stop(state_dir: Path = STATE_DIR) -> bool:
-    """End the keeper named in state_dir (and its zygotes); whether there was one."""
-    state = _read(state_dir)
-    with contextlib.suppress(OSError):
-        (state_dir / "kept.json").unlink()
-    pid = (state or {}).get("pid")
-    if not _is_keeper(pid):
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    return True
+def stop(state_dir: Path = STATE_DIR) -> int:
+    """End every keeper named in state_dir (and their zygotes); how many there were."""
+    ended = 0
+    for path in state_dir.glob("kept-*.json"):
+        state = _read(path)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        pid = (state or {}).get("pid")
+        if _is_keeper(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                ended += 1
+    return ended
 
 
-def _read(state_dir: Path) -> dict | None:
+def _read(path: Path) -> dict | None:
     try:
-        state = json.loads((state_dir / "kept.json").read_text())
+        state = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) else None
@@ -136,9 +145,9 @@ def _is_keeper(pid) -> bool:
     return owner == os.getuid() and b"kata.harness.keeper" in command
 
 
-def _start(env: dict, want: str, idle: int, state_dir: Path) -> dict | None:
+def _start(env: dict, want: str, idle: int, path: Path) -> dict | None:
     process = subprocess.Popen(
-        [sys.executable, "-P", "-m", "kata.harness.keeper", str(state_dir), want, str(idle)],
+        [sys.executable, "-P", "-m", "kata.harness.keeper", str(path), want, str(idle)],
         env=env,
         cwd="/",  # holds no directory of the run's
         stdin=subprocess.DEVNULL,
@@ -146,34 +155,33 @@ def _start(env: dict, want: str, idle: int, state_dir: Path) -> dict | None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # outlives the run; the terminal's Ctrl-C does not reach it
     )
-    # "started" once kept.json names its zygotes: a matter of milliseconds, never waited on long
+    # "started" once its file names its zygotes: a matter of milliseconds, never waited on long
     ready, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
     line = process.stdout.readline() if ready else b""
     process.stdout.close()
-    state = _read(state_dir)
+    state = _read(path)
     if line != b"started\n" or not state or state.get("pid") != process.pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGKILL)
         return None
-    return {**state, "started": True}
+    return {**state, "file": str(path), "started": True}
 
 
-def serve(state_dir: Path, want: str, idle: int) -> None:
-    """The keeper: start both zygotes, name them in kept.json, hold them until idle."""
+def serve(path: Path, want: str, idle: int) -> None:
+    """The keeper: start both zygotes, name them in `path`, hold them until idle."""
     started = {kind: zygote.Zygote(kind, dict(os.environ)) for kind in KINDS}
     state = {"pid": os.getpid(), "digest": want, **{k: z.name for k, z in started.items()}}
-    path = state_dir / "kept.json"
 
     def end(*_):
         for kept_zygote in started.values():
             kept_zygote.close()
-        if (_read(state_dir) or {}).get("pid") == os.getpid():
+        if (_read(path) or {}).get("pid") == os.getpid():
             with contextlib.suppress(OSError):
                 path.unlink()
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end)
-    fresh = state_dir / f"kept.json.{os.getpid()}"
+    fresh = path.with_name(f"{path.name}.{os.getpid()}")
     fresh.write_text(json.dumps(state))
     fresh.replace(path)  # whole or not at all
     os.write(1, b"started\n")
@@ -183,8 +191,8 @@ def serve(state_dir: Path, want: str, idle: int) -> None:
         end()
     while True:
         time.sleep(min(5, idle))
-        if (_read(state_dir) or {}).get("pid") != os.getpid():
-            end()  # stopped, or another keeper took over
+        if (_read(path) or {}).get("pid") != os.getpid():
+            end()  # stopped (the file gone), or it names another keeper
         if any(kept_zygote.process.poll() is not None for kept_zygote in started.values()):
             end()
         try:
@@ -196,6 +204,7 @@ def serve(state_dir: Path, want: str, idle: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--stop"]:
-        print("stopped the kept zygotes" if stop() else "no kept zygotes")
+        ended = stop()
+        print(f"stopped {ended} keeper(s) of kept zygotes" if ended else "no kept zygotes")
     else:
         serve(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))

@@ -146,7 +146,7 @@ def _review(args) -> int:
         if args.markdown:
             print(f"Markdown report written to {args.markdown}")
         if isolation.kept_zygotes_started():
-            print(keeper.STARTED_NOTE)
+            print(keeper.started_note())
     return 0
 
 
