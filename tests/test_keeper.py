@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +170,19 @@ def test_a_run_asks_the_keeper_once_and_again_after_closing_its_zygotes(monkeypa
     with isolation._running_lock:
         isolation._kept()
     assert len(asked) == 2
+
+
+def test_a_kept_zygote_whose_keeper_died_is_not_waited_for(tmp_path):
+    """The run that started a keeper is its parent: a keeper that died unreaped (a zombie) must
+    not make the run wait out the minute it gives a zygote still importing torch."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{dead.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.05)
+    try:
+        waited = time.monotonic()
+        assert not zygote.Adopted("runner", "kata-runner-nobody", keeper=dead.pid).usable()
+        assert time.monotonic() - waited < 5, "waited for a keeper that is a zombie"
+    finally:
+        dead.wait()

@@ -264,15 +264,14 @@ class Adopted:
 
 
 def _alive(pid: int | None) -> bool:
+    """Whether the keeper runs: a zombie (the run that started it has not reaped it) does not."""
     if pid is None:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 if __name__ == "__main__":
