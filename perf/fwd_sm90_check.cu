@@ -3,7 +3,7 @@
 // a change to the forward kernel, run before the operator is built (perf/NOTES.md, v15). No
 // torch. Needs compute capability 9.0 (H100/H200). One command, from the repository root:
 //
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/fwd_sm90_check perf/fwd_sm90_check.cu && /tmp/fwd_sm90_check
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/fwd_sm90_check perf/fwd_sm90_check.cu && timeout 300 /tmp/fwd_sm90_check
 //
 // (`--no-timing` runs the checks only, `--timing-only` the timings only, `--seq N` times
 // L = S = N instead of 4096. Built for plain sm_90 and run with `--mma-sync-body`, it checks the
@@ -36,25 +36,28 @@
 
 #include "sm90_check_common.cuh"
 #include "../fixed/csrc/kernels/flash_forward_sm90.cuh"
+#include "../fixed/csrc/kernels/flash_forward_sm90_ws.cuh"
 
 namespace fk = fixed_attention::kernels;
 namespace sm90 = fixed_attention::kernels::flash::sm90;
+namespace ws = fixed_attention::kernels::flash::sm90_ws;
 
 // The float64 forward on the rounded inputs: out (B, L, D), lse (B, L), natural log.
 void reference(const std::vector<double>& q, const std::vector<double>& k,
                const std::vector<double>& v, int64_t B, int64_t L, int64_t S, int64_t D,
-               double scale, bool causal, std::vector<double>& out, std::vector<double>& lse) {
+               double scale, bool causal, int64_t group, std::vector<double>& out,
+               std::vector<double>& lse) {
   out.assign(B * L * D, 0.0);
   lse.assign(B * L, 0.0);
   parallel_for(B * L, [&](int64_t row) {
-    const int64_t b = row / L, i = row % L;
+    const int64_t b = row / L, i = row % L, kv = b / group;  // GQA: the group's K and V
     const int64_t visible = causal ? std::min<int64_t>(S, i + 1) : S;  // keys j <= i
     std::vector<double> score(visible);
     double row_max = -INFINITY;
     for (int64_t j = 0; j < visible; ++j) {
       double dot = 0.0;
       for (int64_t d = 0; d < D; ++d) {
-        dot += q[row * D + d] * k[(b * S + j) * D + d];
+        dot += q[row * D + d] * k[(kv * S + j) * D + d];
       }
       score[j] = scale * dot;
       row_max = std::max(row_max, score[j]);
@@ -67,30 +70,51 @@ void reference(const std::vector<double>& q, const std::vector<double>& k,
     for (int64_t j = 0; j < visible; ++j) {
       const double p = std::exp(score[j] - lse[row]);
       for (int64_t d = 0; d < D; ++d) {
-        out[row * D + d] += p * v[(b * S + j) * D + d];
+        out[row * D + d] += p * v[(kv * S + j) * D + d];
       }
     }
   });
 }
 
 
-constexpr int kKernels = 2;
-const char* const kKernelNames[kKernels] = {"mma.sync", "wgmma"};
+// The warp-specialized kernel (flash_forward_sm90_ws.cuh) in the operator's tilings and three
+// others: key blocks of 64 (meant to give wgmma's bits), ping-pong the other way than the
+// operator's, and three stages of K and V.
+constexpr int kKernels = 6;
+const char* const kKernelNames[kKernels] = {"mma.sync", "wgmma", "ws", "ws n64", "ws pp flipped",
+                                            "ws 3 stages"};
+
+bool g_sm90a_image = true;  // false with --mma-sync-body
 
 // Kernel `which` through its launcher; false if it declined the case.
 template <typename T>
 bool run_forward(int which, const T* q, const T* k, const T* v, T* out, float* lse,
                  const fk::AttentionProblem& p) {
-  if (which == 0) {
-    return fk::launch_flash_forward(q, k, v, out, lse, p, nullptr);
+  const bool d64 = p.head_dim == 64;
+  switch (which) {
+    case 0:
+      return fk::launch_flash_forward(q, k, v, out, lse, p, nullptr);
+    case 1:
+      return d64 ? sm90::launch<T, sm90::Tile<64>>(q, k, v, out, lse, p, nullptr)
+                 : sm90::launch<T, sm90::Tile<128>>(q, k, v, out, lse, p, nullptr);
+    case 2:
+      return d64 ? ws::launch<T, ws::Tile64>(q, k, v, out, lse, p, nullptr)
+                 : ws::launch<T, ws::Tile128>(q, k, v, out, lse, p, nullptr);
+    case 3:
+      return d64 ? ws::launch<T, ws::Tile<64, 64, 2, false>>(q, k, v, out, lse, p, nullptr)
+                 : ws::launch<T, ws::Tile<128, 64, 2, true>>(q, k, v, out, lse, p, nullptr);
+    case 4:
+      return d64 ? ws::launch<T, ws::Tile<64, 128, 2, true>>(q, k, v, out, lse, p, nullptr)
+                 : ws::launch<T, ws::Tile<128, 128, 2, false>>(q, k, v, out, lse, p, nullptr);
+    default:
+      return d64 ? ws::launch<T, ws::Tile<64, 128, 3, false>>(q, k, v, out, lse, p, nullptr)
+                 : ws::launch<T, ws::Tile<128, 128, 3, true>>(q, k, v, out, lse, p, nullptr);
   }
-  return p.head_dim == 64 ? sm90::launch<T, sm90::Tile<64>>(q, k, v, out, lse, p, nullptr)
-                          : sm90::launch<T, sm90::Tile<128>>(q, k, v, out, lse, p, nullptr);
 }
 
 template <typename T>
-bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
-  const int64_t B = 3, L = c.len_q, S = c.len_kv;
+bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed, int64_t group = 1) {
+  const int64_t B = 3 * group, L = c.len_q, S = c.len_kv;
   const double scale = c.scale_factor / std::sqrt(static_cast<double>(D));
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
@@ -105,11 +129,13 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
   std::vector<T> hq, hk, hv;
   std::vector<double> q, k, v, ref_out, ref_lse;
   make(B * L * D, hq, q);
-  make(B * S * D, hk, k);
-  make(B * S * D, hv, v);
-  reference(q, k, v, B, L, S, D, scale, causal, ref_out, ref_lse);
+  make(B / group * S * D, hk, k);
+  make(B / group * S * D, hv, v);
+  reference(q, k, v, B, L, S, D, scale, causal, group, ref_out, ref_lse);
 
-  const fk::AttentionProblem p{B, L, S, D, static_cast<float>(scale), causal};
+  fk::AttentionProblem p{B, L, S, D, static_cast<float>(scale), causal};
+  p.heads = 2 * group;  // (B / heads, heads) query heads, heads / group K/V heads
+  p.kv_group = group;
   T* const dq = device_copy(hq);
   T* const dk = device_copy(hk);
   T* const dv = device_copy(hv);
@@ -118,9 +144,9 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
   CHECK_CUDA(cudaMalloc(&dout, B * L * D * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&dlse, B * L * sizeof(float)));
 
-  std::printf("%s D=%3lld causal=%d L=%4lld S=%4lld scale=%+.4f |", type_name<T>(),
+  std::printf("%s D=%3lld causal=%d L=%4lld S=%4lld scale=%+.4f group=%lld |", type_name<T>(),
               static_cast<long long>(D), causal ? 1 : 0, static_cast<long long>(L),
-              static_cast<long long>(S), scale);
+              static_cast<long long>(S), scale, static_cast<long long>(group));
   double out_error[kKernels], lse_error[kKernels];
   std::vector<T> outs[kKernels];
   std::vector<float> lses[kKernels];
@@ -129,6 +155,14 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
     CHECK_CUDA(cudaMemset(dout, 0xFF, B * L * D * sizeof(T)));  // NaN: unwritten shows up
     CHECK_CUDA(cudaMemset(dlse, 0xFF, B * L * sizeof(float)));
     if (!run_forward(which, dq, dk, dv, dout, dlse, p)) {
+      if (which >= 2 && !g_sm90a_image) {  // the warp-specialized kernel is sm_90a only
+        out_error[which] = out_error[1];
+        lse_error[which] = lse_error[1];
+        outs[which] = outs[1];
+        lses[which] = lses[1];
+        std::printf(" %s declined (no sm_90a image) |", kKernelNames[which]);
+        continue;
+      }
       std::printf(" %s declined FAIL\n", kKernelNames[which]);
       return false;
     }
@@ -155,10 +189,17 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
     ok = ok && std::isfinite(out_error[which]) &&
          out_error[which] <= 2.0 * out_error[0] + 1e-3 && lse_error[which] <= 1e-3;
   }
-  const bool identical =
-      std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(T)) == 0 &&
-      std::memcmp(lses[0].data(), lses[1].data(), lses[0].size() * sizeof(float)) == 0;
-  std::printf(" %s %s\n", identical ? "bit-identical" : "not bit-identical", ok ? "ok" : "FAIL");
+  // Which kernels give wgmma's bits (in v11 mma.sync's did; ws n64 is meant to).
+  std::printf(" same bits as wgmma:");
+  for (int which = 0; which < kKernels; ++which) {
+    const bool identical =
+        std::memcmp(outs[which].data(), outs[1].data(), outs[1].size() * sizeof(T)) == 0 &&
+        std::memcmp(lses[which].data(), lses[1].data(), lses[1].size() * sizeof(float)) == 0;
+    if (which != 1 && identical) {
+      std::printf(" %s", kKernelNames[which]);
+    }
+  }
+  std::printf(" | %s\n", ok ? "ok" : "FAIL");
   for (void* pointer : {static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
                         static_cast<void*>(dout), static_cast<void*>(dlse)}) {
     CHECK_CUDA(cudaFree(pointer));
@@ -188,6 +229,7 @@ void time_case(int64_t D, bool causal, int64_t length) {
         std::fprintf(stderr, "%s declined the timing case\n", kKernelNames[which]);
         std::exit(2);
       }
+      CHECK_CUDA(cudaGetLastError());
     }
   }
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -215,7 +257,7 @@ void time_case(int64_t D, bool causal, int64_t length) {
     std::printf(" %s %.3f ms %.0f TFLOP/s |", kKernelNames[which], median[which],
                 flops / (median[which] * 1e-3) / 1e12);
   }
-  std::printf(" wgmma / mma.sync speed %.2fx\n", median[0] / median[1]);
+  std::printf(" ws / wgmma speed %.2fx\n", median[1] / median[2]);
   for (void* pointer : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v),
                         static_cast<void*>(out), static_cast<void*>(lse)}) {
     CHECK_CUDA(cudaFree(pointer));
@@ -229,6 +271,7 @@ int main(int argc, char** argv) {
   if (!parse_options(argc, argv, options) || !device_ready(options.mma_sync_body)) {
     return 2;
   }
+  g_sm90a_image = !options.mma_sync_body;
   int failures = 0, cases = 0;
   if (options.checks) {
     uint64_t seed = 20261124;
@@ -239,6 +282,8 @@ int main(int argc, char** argv) {
           failures += check_case<__half>(D, causal, c, seed++) ? 0 : 1;
           cases += 2;
         }
+        failures += check_case<__nv_bfloat16>(D, causal, kCheckShapes[2], seed++, 4) ? 0 : 1;
+        cases += 1;
       }
     }
     std::printf("%d of %d cases passed\n", cases - failures, cases);

@@ -299,7 +299,7 @@ def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed
     generator = torch.Generator().manual_seed(seed)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     expected = (
-        ("flash_forward_sm90_kernel", SM90_BACKWARD_KERNEL)
+        ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
         if hopper
         else ("flash_forward_kernel", BACKWARD_KERNEL)
     )
@@ -351,7 +351,7 @@ def test_other_head_dims_run_padded_on_the_tensor_cores(fixed, seed, dtype, caus
     generator = torch.Generator().manual_seed(seed)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     expected = (
-        ("flash_forward_sm90_kernel", SM90_BACKWARD_KERNEL)
+        ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
         if hopper
         else ("flash_forward_kernel", BACKWARD_KERNEL)
     )

@@ -60,7 +60,10 @@ CASES = [
     ((1,), 4097, 4097),
 ]
 FLASH_KERNEL = "flash_forward_kernel"  # mma.sync
-SM90_KERNEL = "flash_forward_sm90_kernel"  # wgmma: compute capability 9.0
+# Compute capability 9.0: without a mask or dropout the warp-specialized kernel (TMA, ping-pong),
+# with them the wgmma kernel (flash_forward_sm90.cuh).
+SM90_KERNEL = "flash_forward_sm90_ws_kernel"
+SM90_ARGS_KERNEL = "flash_forward_sm90_kernel"
 
 
 fixed = pytest.fixture(fixed_with_cuda_kernels, scope="module", name="fixed")
@@ -197,8 +200,8 @@ def kernels_launched(q, k, v, causal=False):
 
 
 def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
-    """bf16/fp16 with head dim 64 or 128 take a flash kernel, one launch: the wgmma one on
-    compute capability 9.0, the mma.sync one elsewhere; float32, head dims over 128 and
+    """bf16/fp16 with head dim 64 or 128 take a flash kernel, one launch: the warp-specialized
+    one on compute capability 9.0, the mma.sync one elsewhere; float32, head dims over 128 and
     misaligned inputs take the generic one (other head dims up to 128 run a flash kernel,
     padded: test_flash_backward.py). Without this, a dispatch that always falls back would pass
     every result test above."""
@@ -256,11 +259,18 @@ def test_hopper_images_hold_the_wgmma_forward(fixed):
         text=True,
         check=True,
     ).stdout
-    functions = [part for part in sass.split("Function : ")[1:] if SM90_KERNEL in part[:300]]
-    # 2 dtypes x 2 head dims x 3 sets of SDPA arguments (flash_common.cuh's ScoreArgs).
-    assert len(functions) == 12, f"expected {SM90_KERNEL} x 12 instances: {len(functions)}"
-    for function in functions:
-        assert "HGMMA" in function, f"no HGMMA in {function.splitlines()[0]}"
+    parts = sass.split("Function : ")[1:]
+    # The wgmma kernel: 2 dtypes x 2 head dims x 3 sets of SDPA arguments (flash_common.cuh's
+    # ScoreArgs); the warp-specialized one: 2 dtypes x 2 head dims, with its TMA loads.
+    for kernel, count, instructions in (
+        (SM90_ARGS_KERNEL, 12, ("HGMMA",)),
+        (SM90_KERNEL, 4, ("HGMMA", "UTMALDG", "SYNCS")),
+    ):
+        functions = [part for part in parts if kernel in part[:300]]
+        assert len(functions) == count, f"expected {kernel} x {count}: {len(functions)}"
+        for function in functions:
+            for instruction in instructions:
+                assert instruction in function, f"no {instruction} in {function.splitlines()[0]}"
 
 
 # --------------------------------------------------------------------------- compute-sanitizer

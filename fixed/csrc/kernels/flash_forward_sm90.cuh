@@ -8,8 +8,10 @@
 //
 // The launcher takes bf16/fp16 at head dim 64 or 128 (flash_common.cuh's takes_tensor_cores:
 // GQA, a mask and dropout included; key blocks a mask hides entirely are skipped) on a device of
-// compute capability 9.0 and declines everything else (the caller
-// then tries flash_forward.cuh). The wgmma body exists only in an sm_90a image
+// compute capability 9.0 and declines everything else (the caller then tries
+// flash_forward.cuh). Problems without a mask or dropout go to the warp-specialized kernel of
+// flash_forward_sm90_ws.cuh first (TMA producer, ping-pong; 1.1-1.2x this one), this kernel
+// taking what it declines. The wgmma body exists only in an sm_90a image
 // (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In any other image the
 // kernel runs flash_forward.cuh's mma.sync body with a tiling of the same CTA shape: slower,
 // never wrong.
@@ -45,6 +47,8 @@
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
 #include "flash_common.cuh"       // cp.async, exp2, pack2, longest_first_pays, ...
 #include "flash_forward.cuh"      // flash_forward_cta: the body of images without wgmma
+#include "flash_forward_sm90_ws.cuh"  // the warp-specialized kernel, for problems without
+                                      // a mask or dropout
 #include "wgmma.cuh"              // wgmma.mma_async and descriptors
 
 namespace fixed_attention {
@@ -474,6 +478,13 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
   if (!detail::aligned16(q) || !detail::aligned16(k) || !detail::aligned16(v) ||
       !detail::aligned16(out)) {
     return false;  // 16-byte cp.async
+  }
+  // Without a mask or dropout, the warp-specialized kernel where it can run (sm_90a images).
+  const bool warp_specialized =
+      p.head_dim == 64 ? sm90_ws::launch<T, sm90_ws::Tile64>(q, k, v, out, lse, p, stream)
+                       : sm90_ws::launch<T, sm90_ws::Tile128>(q, k, v, out, lse, p, stream);
+  if (warp_specialized) {
+    return true;
   }
   return p.head_dim == 64 ? launch<T, Tile<64>>(q, k, v, out, lse, p, stream)
                           : launch<T, Tile<128>>(q, k, v, out, lse, p, stream);
