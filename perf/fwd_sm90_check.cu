@@ -11,14 +11,16 @@
 //
 // Checks: bf16 and fp16, head dims 64 and 128, causal and not, batch 3, (L, S) = (128, 128),
 // (1000, 1000), (300, 700), (700, 300), (257, 513) with a negative scale and (200, 200) with
-// scale 0; random inputs (fixed seed), outputs filled with NaN first; O's relative Frobenius
-// error and lse's largest absolute error against float64. A case fails if an output is not
-// finite, O's error exceeds 2 x the mma.sync kernel's + 1e-3, or lse's exceeds 1e-3. Whether
-// the two kernels agree bit for bit is printed (they did in v11: the same operations in the
-// same order), not judged. Exit status 1 if a case fails.
+// scale 0; and in bf16 GQA (12 query heads on 3 K/V heads, (300, 700)) and batch 64 at
+// (640, 640) (320 work items: the persistent kernel's CTAs take several). Random inputs (fixed
+// seed), outputs filled with NaN first; O's relative Frobenius error and lse's largest absolute
+// error against float64. A case fails if an output is not finite, O's error exceeds 2 x the
+// mma.sync kernel's + 1e-3, or lse's exceeds 1e-3. Which kernels give the wgmma kernel's bits
+// is printed, not judged (mma.sync's did in v11, and the warp-specialized one with key blocks
+// of 64 in v20). Exit status 1 if a case fails.
 // Timing: B x H = 64, L = S = 4096 (or --seq N), bf16, head dims 64 and 128, causal and not;
-// CUDA events around each launch, 3 warm-up launches, then 20 rounds alternating the two
-// kernels; medians and TFLOP/s (4 B H L S D, half that when causal).
+// CUDA events around each launch, 3 warm-up launches, then 20 rounds alternating the kernels;
+// medians and TFLOP/s (4 B H L S D, half that when causal).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -77,12 +79,14 @@ void reference(const std::vector<double>& q, const std::vector<double>& k,
 }
 
 
-// The warp-specialized kernel (flash_forward_sm90_ws.cuh) in the operator's tilings and three
-// others: key blocks of 64 (meant to give wgmma's bits), ping-pong the other way than the
-// operator's, and three stages of K and V.
-constexpr int kKernels = 6;
-const char* const kKernelNames[kKernels] = {"mma.sync", "wgmma", "ws", "ws n64", "ws pp flipped",
-                                            "ws 3 stages"};
+// The warp-specialized kernel (flash_forward_sm90_ws.cuh) in the operator's tilings and four
+// others: key blocks of 64 (meant to give wgmma's bits), ping-pong and the number of K and V
+// stages each the other way than the operator's, and the other causal work order.
+constexpr int kKernels = 7;
+const char* const kKernelNames[kKernels] = {"mma.sync",      "wgmma",
+                                            "ws",            "ws n64",
+                                            "ws pp flipped", "ws stages flipped",
+                                            "ws order flipped"};
 
 bool g_sm90a_image = true;  // false with --mma-sync-body
 
@@ -102,19 +106,25 @@ bool run_forward(int which, const T* q, const T* k, const T* v, T* out, float* l
                  : ws::launch<T, ws::Tile128>(q, k, v, out, lse, p, nullptr);
     case 3:
       return d64 ? ws::launch<T, ws::Tile<64, 64, 2, false>>(q, k, v, out, lse, p, nullptr)
-                 : ws::launch<T, ws::Tile<128, 64, 2, true>>(q, k, v, out, lse, p, nullptr);
+                 : ws::launch<T, ws::Tile<128, 64, 3, true>>(q, k, v, out, lse, p, nullptr);
     case 4:
       return d64 ? ws::launch<T, ws::Tile<64, 128, 2, true>>(q, k, v, out, lse, p, nullptr)
-                 : ws::launch<T, ws::Tile<128, 128, 2, false>>(q, k, v, out, lse, p, nullptr);
-    default:
+                 : ws::launch<T, ws::Tile<128, 128, 3, false>>(q, k, v, out, lse, p, nullptr);
+    case 5:
       return d64 ? ws::launch<T, ws::Tile<64, 128, 3, false>>(q, k, v, out, lse, p, nullptr)
-                 : ws::launch<T, ws::Tile<128, 128, 3, true>>(q, k, v, out, lse, p, nullptr);
+                 : ws::launch<T, ws::Tile<128, 128, 2, true>>(q, k, v, out, lse, p, nullptr);
+    default: {
+      const bool flipped = !fk::flash::detail::longest_first_pays(p.batch, p.len_kv, p.head_dim);
+      return d64 ? ws::launch_in_order<T, ws::Tile64>(q, k, v, out, lse, p, flipped, nullptr)
+                 : ws::launch_in_order<T, ws::Tile128>(q, k, v, out, lse, p, flipped, nullptr);
+    }
   }
 }
 
 template <typename T>
-bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed, int64_t group = 1) {
-  const int64_t B = 3 * group, L = c.len_q, S = c.len_kv;
+bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed, int64_t group = 1,
+                int64_t batch = 3) {
+  const int64_t B = batch * group, L = c.len_q, S = c.len_kv;
   const double scale = c.scale_factor / std::sqrt(static_cast<double>(D));
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
@@ -283,7 +293,9 @@ int main(int argc, char** argv) {
           cases += 2;
         }
         failures += check_case<__nv_bfloat16>(D, causal, kCheckShapes[2], seed++, 4) ? 0 : 1;
-        cases += 1;
+        // 320 work items: more than one per SM, so that persistent CTAs take several each.
+        failures += check_case<__nv_bfloat16>(D, causal, {640, 640, 1.0}, seed++, 1, 64) ? 0 : 1;
+        cases += 2;
       }
     }
     std::printf("%d of %d cases passed\n", cases - failures, cases);

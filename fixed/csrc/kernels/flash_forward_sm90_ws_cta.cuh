@@ -1,0 +1,466 @@
+// The CTA of the warp-specialized Hopper forward (flash_forward_sm90_ws.cuh): its tiling, its
+// pipeline, the producer and the consumers (sm_90a). The arithmetic is flash_forward_sm90.cuh's,
+// operation for operation (same online softmax on raw scores, same masks); with key blocks of
+// 64 the outputs are the same bits (perf/fwd_sm90_check.cu checks it).
+//
+// ---------------------------------------------------------------------------------- roles
+// One CTA per SM, persistent: in round r CTA c takes work item r G + c (G CTAs; odd rounds
+// reversed, scheduled_item), an item being 128 query rows of one batch item, numbered in
+// flash_forward_sm90.cuh's order. Three warpgroups (384 threads):
+//   producer (warpgroup 0, one thread): TMA loads of Q (once per item) and of K and V (per key
+//     block) into shared memory, each announced on an mbarrier ("full"), each waiting for its
+//     buffer's "empty" mbarrier first. K and V live in a ring of kStages buffers each.
+//   consumers (warpgroups 1 and 2, rows 0-63 and 64-127 of the item): wgmma on the buffers,
+//     softmax in registers, and each warp signals "empty" once its products have read a buffer.
+// setmaxnreg moves registers from the producer (24 per thread) to the consumers (240): at
+// launch every thread has 168 (65536 / 384, rounded down to 8), 128 x 24 + 256 x 240 = 384 x 168.
+//
+// ----------------------------------------------------------------- the consumers' loop
+// Per key block j, with S_j = Q K_j^T and P_j its probabilities:
+//   issue S_j; issue O += P_(j-1) V_(j-1); wait for S_j (K_j released); softmax of S_j while
+//   the second product runs; wait for it (V_(j-1) released); O *= the rescale of block j;
+//   P_j packed to 16 bits.
+// After the last block, O += P_last V_last. The sequence of operations on O, the row maxima and
+// the row sums is flash_forward_sm90.cuh's; only the issue order differs.
+// Ping-pong (kPingPong): the two consumers take turns issuing their products (named barriers 1
+// and 2), so one warpgroup's softmax runs while the other's products occupy the tensor cores.
+//
+// ------------------------------------------------------------------------- shared memory
+// 1024-byte aligned: Q (kBlockM x D), kStages K buffers, kStages V buffers (kBlockN x D each),
+// every tile as D / 64 halves of [rows][64] with the 128-byte swizzle, which is how TMA writes a
+// 64-element box with CU_TENSOR_MAP_SWIZZLE_128B and how wgmma.cuh's descriptors read it. Then
+// the mbarriers: Q full / empty, K full / empty and V full / empty per stage. "Full" barriers
+// expect one arrival (the producer's, with the bytes); "empty" ones one per consumer warp.
+//
+// No torch includes: CI compile-checks this header for sm_90a and sm_90 without a GPU.
+#ifndef FIXED_FLASH_FORWARD_SM90_WS_CTA_CUH_
+#define FIXED_FLASH_FORWARD_SM90_WS_CTA_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstddef>
+#include <cstdint>
+
+#include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, ...
+#include "flash_common.cuh"       // exp2_approx, pack2, smem_addr, ...
+#include "sm90_pipeline.cuh"      // mbarriers, TMA, setmaxnreg, named barriers
+#include "wgmma.cuh"              // wgmma.mma_async and descriptors
+
+namespace fixed_attention {
+namespace kernels {
+namespace flash {
+namespace sm90_ws {
+
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_>
+struct Tile {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kPingPong = kPingPong_;
+  static constexpr int kBlockM = 128;  // 2 consumer warpgroups x 64 rows
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerWarps = 8;
+  static constexpr int kNTiles = kBlockN / 8;   // 8-key column tiles of S per warp
+  static constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of O per warp
+  static constexpr uint32_t kRowBytes = 128;    // one 64-element half row
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages);
+  static constexpr std::size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
+  static constexpr uint32_t kProducerRegisters = 24;
+  static constexpr uint32_t kConsumerRegisters = 240;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element halves per row");
+  static_assert(kBlockN == 64 || kBlockN == 128, "wgmma n64 or n128 for S");
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters == 384 * 168);
+};
+
+// The mbarriers, after the tiles.
+template <class F>
+struct Barriers {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t q_full() const { return base; }
+  __device__ __forceinline__ uint32_t q_empty() const { return base + 8; }
+  __device__ __forceinline__ uint32_t k_full(uint32_t stage) const { return base + 16 + 8 * stage; }
+  __device__ __forceinline__ uint32_t k_empty(uint32_t stage) const {
+    return base + 16 + 8 * (F::kStages + stage);
+  }
+  __device__ __forceinline__ uint32_t v_full(uint32_t stage) const {
+    return base + 16 + 8 * (2 * F::kStages + stage);
+  }
+  __device__ __forceinline__ uint32_t v_empty(uint32_t stage) const {
+    return base + 16 + 8 * (3 * F::kStages + stage);
+  }
+};
+
+// The item this CTA takes in its round `round` (0, 1, ...): rounds cover items [round G,
+// (round + 1) G) of the grid's G CTAs, even rounds in CTA order and odd ones reversed, so that
+// with items ordered longest first (causal) no CTA takes the longest of every round.
+__device__ __forceinline__ int64_t scheduled_item(uint32_t round) {
+  const int64_t first = static_cast<int64_t>(round) * gridDim.x;
+  return first + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+}
+
+// Work item `item`: its batch item, first query row and key blocks, as flash_forward_sm90.cuh
+// orders them (longest_first: causal items longest first across the batch).
+struct WorkItem {
+  int64_t b, m0;
+  int n_blocks;
+};
+template <class F>
+__device__ __forceinline__ WorkItem work_item(const AttentionProblem& p, int64_t item,
+                                              int64_t row_blocks, bool longest_first) {
+  const int64_t b = longest_first ? item % p.batch : item / row_blocks;
+  const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
+  const int64_t m0 = (row_blocks - 1 - rank) * F::kBlockM;
+  const int64_t key_end =
+      p.causal ? min64(p.len_kv, min64(m0 + F::kBlockM, p.len_q)) : p.len_kv;
+  return {b, m0, static_cast<int>(ceil_div(key_end, F::kBlockN))};
+}
+
+#if FIXED_HAS_TENSOR_MAPS
+// The producer: one thread issues every load.
+template <class F>
+__device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                        const CUtensorMap* v_map, const Barriers<F> bar,
+                                        uint32_t q_tile, uint32_t k_tiles, uint32_t v_tiles,
+                                        const AttentionProblem& p, bool longest_first) {
+  constexpr int kHalves = F::kHeadDim / 64;
+  const int64_t row_blocks = ceil_div(p.len_q, F::kBlockM);
+  uint32_t pipe = 0;  // key blocks loaded so far, over all items: the ring's position
+  for (uint32_t round = 0;; ++round) {
+    const int64_t item = scheduled_item(round);
+    if (item >= p.batch * row_blocks) {
+      break;
+    }
+    const WorkItem w = work_item<F>(p, item, row_blocks, longest_first);
+    const int kv_item = static_cast<int>(w.b / p.kv_group);  // under GQA, its group's K and V
+    mbarrier_wait(bar.q_empty(), (round & 1) ^ 1);  // every consumer warp done with Q
+    mbarrier_arrive_expect_tx(bar.q_full(), F::kQBytes);
+#pragma unroll
+    for (int half = 0; half < kHalves; ++half) {
+      tma_load_3d(q_tile + half * F::kBlockM * F::kRowBytes, q_map, 64 * half,
+                  static_cast<int>(w.m0), static_cast<int>(w.b), bar.q_full());
+    }
+    for (int block = 0; block < w.n_blocks; ++block, ++pipe) {
+      const uint32_t stage = pipe % F::kStages;
+      const uint32_t parity = (pipe / F::kStages) & 1;
+      const int key0 = block * F::kBlockN;
+      const uint32_t offset = stage * F::kKVBytes;
+      mbarrier_wait(bar.k_empty(stage), parity ^ 1);
+      mbarrier_arrive_expect_tx(bar.k_full(stage), F::kKVBytes);
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        tma_load_3d(k_tiles + offset + half * F::kBlockN * F::kRowBytes, k_map, 64 * half, key0,
+                    kv_item, bar.k_full(stage));
+      }
+      mbarrier_wait(bar.v_empty(stage), parity ^ 1);
+      mbarrier_arrive_expect_tx(bar.v_full(stage), F::kKVBytes);
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        tma_load_3d(v_tiles + offset + half * F::kBlockN * F::kRowBytes, v_map, 64 * half, key0,
+                    kv_item, bar.v_full(stage));
+      }
+    }
+  }
+}
+
+// S = Q K^T for one key block: k-step ks covers head dims 16 ks .. 16 ks + 15, half ks / 4 of
+// each tile, 32 bytes into each 128-byte row.
+template <typename T, class F>
+__device__ __forceinline__ void issue_s(float (&s)[F::kNTiles * 4], uint32_t q_rows,
+                                        uint32_t k_tile) {
+#pragma unroll
+  for (int ks = 0; ks < F::kHeadDim / 16; ++ks) {
+    const uint32_t half = static_cast<uint32_t>(ks >> 2);
+    const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
+    const uint64_t desc_q =
+        sw128_descriptor(q_rows + half * F::kBlockM * F::kRowBytes + step, 16, 1024);
+    const uint64_t desc_k =
+        sw128_descriptor(k_tile + half * F::kBlockN * F::kRowBytes + step, 16, 1024);
+    if constexpr (F::kBlockN == 128) {
+      wgmma_m64n128k16_ss<T>(s, desc_q, desc_k, ks > 0);
+    } else {
+      wgmma_m64n64k16_ss<T>(s, desc_q, desc_k, ks > 0);
+    }
+  }
+  wgmma_commit_group();
+}
+
+// O += P V for one key block: P's A fragment per 16 keys, V MN-major (flash_forward_sm90.cuh).
+template <typename T, class F>
+__device__ __forceinline__ void issue_pv(float (&o)[F::kDTiles * 4],
+                                         const uint32_t (&p_frag)[F::kBlockN / 16][4],
+                                         uint32_t v_tile) {
+#pragma unroll
+  for (int kk = 0; kk < F::kBlockN / 16; ++kk) {
+    const uint64_t desc_v = sw128_descriptor(v_tile + kk * 16 * F::kRowBytes,
+                                             F::kBlockN * F::kRowBytes, 1024);
+    if constexpr (F::kHeadDim == 128) {
+      wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);
+    } else {
+      wgmma_m64n64k16_rs<T>(o, p_frag[kk], desc_v);
+    }
+  }
+  wgmma_commit_group();
+}
+
+// One consumer warp's rows of the item: where they start, and the online softmax's state.
+struct Rows {
+  int64_t m0;     // the item's first query row
+  int warp_row0;  // this warp's first row in the item
+  int g, t;       // fragment row (groupID) and column pair (threadID_in_group)
+  float row_max[2], row_sum[2];  // rows g and g + 8 of the warp
+};
+
+// The scores of key block `block` (raw, in s) to probabilities, flash_forward_sm90.cuh's online
+// softmax step: masks where the block crosses the end of the keys or (causal) the diagonal,
+// the new row maxima, the rescale of rows whose maximum grew (1 for the others), the row sums.
+// Returns whether some row of this thread grew.
+template <class F>
+__device__ __forceinline__ bool softmax_step(float (&s)[F::kNTiles * 4], Rows& r,
+                                             float (&rescale)[2], int block,
+                                             const AttentionProblem& p, bool negate,
+                                             float scale_log2) {
+  constexpr int kBlockM = F::kBlockM, kBlockN = F::kBlockN, kNTiles = F::kNTiles;
+  constexpr unsigned kFullMask = 0xffffffffu;
+  if (negate) {  // a negative scale: exactly what flash_forward_sm90.cuh's negated Q gives
+#pragma unroll
+    for (int i = 0; i < kNTiles * 4; ++i) {
+      s[i] = -s[i];
+    }
+  }
+  const int64_t n0 = static_cast<int64_t>(block) * kBlockN;
+  const bool tail = n0 + kBlockN > p.len_kv;
+  const bool diagonal = p.causal && n0 + kBlockN - 1 > r.m0 + r.warp_row0;
+  if (tail || diagonal) {
+    const int key_limit = static_cast<int>(min64(p.len_kv - n0, kBlockN));
+    // Key column c of row i (of the warp) is visible while c <= diag + i; clamped to int.
+    int64_t diag = p.causal ? r.m0 + r.warp_row0 - n0 : kBlockN;
+    diag = diag > kBlockN ? kBlockN : diag < -kBlockM ? -kBlockM : diag;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = r.g + 8 * (e >> 1);
+        const int col = 8 * j + 2 * r.t + (e & 1);
+        if (col >= key_limit || col > static_cast<int>(diag) + row) {
+          s[4 * j + e] = -INFINITY;
+        }
+      }
+    }
+  }
+  bool grew = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float block_max = r.row_max[h];
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    }
+    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
+    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
+    // A row with every key so far masked keeps max -inf: its probabilities are 2^-inf = 0.
+    const float max_log2 = block_max == -INFINITY ? 0.f : block_max * scale_log2;
+    const bool same = block_max == r.row_max[h];
+    grew = grew || !same;
+    rescale[h] = same ? 1.f : exp2_approx(fmaf(r.row_max[h], scale_log2, -max_log2));
+    r.row_max[h] = block_max;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], scale_log2, -max_log2));
+        sum += prob;
+        s[4 * j + 2 * h + c] = prob;
+      }
+    }
+    r.row_sum[h] = r.row_sum[h] * rescale[h] + sum;
+  }
+  return grew;
+}
+
+// P's A fragment for keys 16 kk .. 16 kk + 15: S's n-tiles 2 kk and 2 kk + 1 in pairs.
+template <typename T, class F>
+__device__ __forceinline__ void pack_p(uint32_t (&p_frag)[F::kBlockN / 16][4],
+                                       const float (&s)[F::kNTiles * 4]) {
+#pragma unroll
+  for (int kk = 0; kk < F::kBlockN / 16; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      p_frag[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+    }
+  }
+}
+
+// This warp's signal that it is done with a buffer (the "empty" barriers count warps).
+__device__ __forceinline__ void release(uint32_t barrier, int lane) {
+  __syncwarp();
+  if (lane == 0) {
+    mbarrier_arrive(barrier);
+  }
+}
+
+// A consumer warpgroup (`consumer` 0 or 1: rows 64 consumer .. of each item). Block 0 is peeled
+// off the loop, so that no wgmma is issued under a condition: ptxas then keeps the two
+// products of an iteration in flight together (with a conditional one it serialized them).
+template <typename T, class F>
+__device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__ lse,
+                                        const Barriers<F> bar, uint32_t q_tile, uint32_t k_tiles,
+                                        uint32_t v_tiles, const AttentionProblem& p,
+                                        bool longest_first, int consumer, int warp_in_group,
+                                        int lane) {
+  constexpr int D = F::kHeadDim, kBlockM = F::kBlockM, kBlockN = F::kBlockN;
+  constexpr int kNTiles = F::kNTiles, kDTiles = F::kDTiles, kStages = F::kStages;
+  constexpr uint32_t kKVBytes = F::kKVBytes;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kLn2 = 0.6931471805599453f;
+  constexpr unsigned kFullMask = 0xffffffffu;
+  constexpr uint32_t kTurnThreads = 256;  // both consumer warpgroups
+  const uint32_t my_turn = 1 + consumer, other_turn = 2 - consumer;
+  const uint32_t q_rows = q_tile + static_cast<uint32_t>(consumer * 64) * F::kRowBytes;
+  const int64_t L = p.len_q;
+  const int64_t row_blocks = ceil_div(L, kBlockM);
+  // Raw scores, c = |scale| log2(e) > 0 (flash_forward_sm90.cuh).
+  const bool negate = p.scale < 0.f;
+  const float scale_log2 = fmaxf(fabsf(p.scale) * kLog2e, FLT_MIN);
+  const auto take_turn = [&] {
+    if (F::kPingPong) {
+      named_barrier_sync(my_turn, kTurnThreads);
+    }
+  };
+  const auto pass_turn = [&] {
+    if (F::kPingPong) {
+      named_barrier_arrive(other_turn, kTurnThreads);
+    }
+  };
+
+  if (F::kPingPong && consumer == 1) {
+    named_barrier_arrive(1, kTurnThreads);  // consumer 0 issues first
+  }
+  uint32_t pipe = 0;  // key blocks consumed so far, over all items: the ring's position
+  for (uint32_t round = 0;; ++round) {
+    const int64_t item = scheduled_item(round);
+    if (item >= p.batch * row_blocks) {
+      break;
+    }
+    const WorkItem w = work_item<F>(p, item, row_blocks, longest_first);
+    Rows r{w.m0, consumer * 64 + warp_in_group * 16, lane >> 2, lane & 3,
+           {-INFINITY, -INFINITY}, {0.f, 0.f}};
+    float o[kDTiles * 4];
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) {
+      o[i] = 0.f;
+    }
+    float s[kNTiles * 4];
+    float rescale[2];
+    uint32_t p_frag[kBlockN / 16][4];
+    mbarrier_wait(bar.q_full(), round & 1);
+
+    // Block 0: S alone.
+    uint32_t stage = pipe % kStages;
+    mbarrier_wait(bar.k_full(stage), (pipe / kStages) & 1);
+    take_turn();
+    wgmma_fence_operands(s);
+    wgmma_fence();
+    issue_s<T, F>(s, q_rows, k_tiles + stage * kKVBytes);
+    pass_turn();
+    wgmma_wait_group<0>();
+    wgmma_fence_operands(s);
+    release(bar.k_empty(stage), lane);
+    if (w.n_blocks == 1) {
+      release(bar.q_empty(), lane);  // the item's last read of Q
+    }
+    softmax_step<F>(s, r, rescale, 0, p, negate, scale_log2);  // O is 0: nothing to rescale
+    pack_p<T, F>(p_frag, s);
+    ++pipe;
+
+    // Blocks 1 ..: S_j and P_(j-1) V_(j-1) in flight together, softmax of S_j under the latter.
+    for (int block = 1; block < w.n_blocks; ++block, ++pipe) {
+      stage = pipe % kStages;
+      const uint32_t previous = (pipe - 1) % kStages;
+      mbarrier_wait(bar.k_full(stage), (pipe / kStages) & 1);
+      mbarrier_wait(bar.v_full(previous), ((pipe - 1) / kStages) & 1);
+      take_turn();
+      // Pin the accumulators' last writes (O's rescale) before the fence: ptxas serializes
+      // every wgmma of a stage whose accumulators other instructions define inside it.
+      wgmma_fence_operands(o);
+      wgmma_fence_operands(s);
+      wgmma_fence();
+      issue_s<T, F>(s, q_rows, k_tiles + stage * kKVBytes);
+      issue_pv<T, F>(o, p_frag, v_tiles + previous * kKVBytes);
+      pass_turn();
+      wgmma_wait_group<1>();  // S_j done; P V may still run
+      wgmma_fence_operands(s);
+      release(bar.k_empty(stage), lane);
+      if (block == w.n_blocks - 1) {
+        release(bar.q_empty(), lane);
+      }
+      const bool grew = softmax_step<F>(s, r, rescale, block, p, negate, scale_log2);
+      wgmma_wait_group<0>();  // P_(j-1) V_(j-1) done: O may be rescaled, V's buffer reused
+      wgmma_fence_operands(o);
+      wgmma_fence_fragments(p_frag);
+      release(bar.v_empty(previous), lane);
+      if (__any_sync(kFullMask, grew)) {  // exact: the factor is 1 for rows that did not grow
+#pragma unroll
+        for (int j = 0; j < kDTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            o[4 * j + e] *= rescale[e >> 1];
+          }
+        }
+      }
+      pack_p<T, F>(p_frag, s);
+    }
+
+    // The last block's P V.
+    const uint32_t last = (pipe - 1) % kStages;
+    mbarrier_wait(bar.v_full(last), ((pipe - 1) / kStages) & 1);
+    take_turn();
+    wgmma_fence_operands(o);
+    wgmma_fence();
+    issue_pv<T, F>(o, p_frag, v_tiles + last * kKVBytes);
+    pass_turn();
+    wgmma_wait_group<0>();
+    wgmma_fence_operands(o);
+    wgmma_fence_fragments(p_frag);
+    release(bar.v_empty(last), lane);
+
+    // O / rowsum straight to global memory (each warp writes whole rows), lse.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = r.row_sum[h];
+      sum += __shfl_xor_sync(kFullMask, sum, 1);
+      sum += __shfl_xor_sync(kFullMask, sum, 2);
+      const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+      const int64_t row = w.m0 + r.warp_row0 + r.g + 8 * h;
+      if (row < L) {
+        T* const out_row = out + (w.b * L + row) * D;
+#pragma unroll
+        for (int j = 0; j < kDTiles; ++j) {
+          *reinterpret_cast<uint32_t*>(out_row + 8 * j + 2 * r.t) =
+              pack2<T>(o[4 * j + 2 * h] * inv_sum, o[4 * j + 2 * h + 1] * inv_sum);
+        }
+        if (r.t == 0) {
+          lse[w.b * L + row] =
+              sum > 0.f ? r.row_max[h] * scale_log2 * kLn2 + logf(sum) : -INFINITY;
+        }
+      }
+    }
+  }
+  if (F::kPingPong && consumer == 0) {
+    named_barrier_sync(1, kTurnThreads);  // consumer 1's last turn handed back
+  }
+}
+
+#endif  // FIXED_HAS_TENSOR_MAPS
+
+}  // namespace sm90_ws
+}  // namespace flash
+}  // namespace kernels
+}  // namespace fixed_attention
+
+#endif  // FIXED_FLASH_FORWARD_SM90_WS_CTA_CUH_
