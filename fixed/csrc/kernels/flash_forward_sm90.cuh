@@ -28,8 +28,9 @@
 //   O (64 x D, D / 2 f32 per thread) += P V: 4 wgmma m64nDk16, P from registers (the S
 //     accumulator packed in pairs is the A fragment), V from shared memory
 // Each product is waited for before its result is used: no overlap of softmax and MMA across
-// warpgroups (FlashAttention-3's ping-pong) and no producer warp or TMA, which is what its
-// remaining speed needs. Two CTAs per SM (D = 128: 97 KB of shared memory, 128 registers;
+// warpgroups (FlashAttention-3's ping-pong) and no producer warp or TMA; the warp-specialized
+// kernel (flash_forward_sm90_ws.cuh) has those, and masks and dropout are to move there. Two
+// CTAs per SM (D = 128: 97 KB of shared memory, 128 registers;
 // D = 64: 49 KB, 100 registers). Shared memory, 128-byte swizzle (wgmma.cuh), each tile stored
 // as D / 64 [rows][64] halves of the head dim: at D = 128 Q 32 KB, K and V 2 x 16 KB each; 1 KB
 // more to align the base to 1024 bytes.

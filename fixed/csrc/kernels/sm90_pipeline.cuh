@@ -119,19 +119,6 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
   FIXED_SM90A_ASM("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// The compiler does not know that a wgmma issued earlier still reads its A registers: an empty
-// asm that "modifies" them after the wait keeps them from being reused before it.
-template <int N>
-__device__ __forceinline__ void wgmma_fence_fragments(uint32_t (&registers)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      asm volatile("" : "+r"(registers[i][r])::"memory");
-    }
-  }
-}
-
 #undef FIXED_SM90A_ASM
 
 #if FIXED_HAS_TENSOR_MAPS

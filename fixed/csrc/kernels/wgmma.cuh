@@ -103,6 +103,19 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&registers)[N]) {
   }
 }
 
+// The compiler does not know that a wgmma issued earlier still reads its A registers: an empty
+// asm that "modifies" them after the wait keeps them from being reused before it.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_fragments(uint32_t (&registers)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      asm volatile("" : "+r"(registers[i][r])::"memory");
+    }
+  }
+}
+
 #define FIXED_WGMMA_D8(i)                                                                 \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
