@@ -4,9 +4,12 @@ passes every probe that judges them, and the round-two catalog is consistent."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import textwrap
+import time
 
 import pytest
 
@@ -162,3 +165,50 @@ def test_round_two_review_command_judges_the_proposed_fix():
     assert report["implementation"] == "flawed/proposed_fix"
     [flaw] = report["flaws"]
     assert (flaw["id"], flaw["status"]) == ("r2-status-not-raised", "present"), flaw
+
+
+# What cpp_extension does around a build (torch.utils.file_baton.FileBaton): create `lock`
+# exclusively, or wait while it exists. HANG stands for a build that never finishes.
+BATON_WRAPPER = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+
+    lock = Path(__file__).parent / "build" / "cpu" / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        while lock.exists():
+            time.sleep(0.1)
+    else:
+        time.sleep(3600 if os.environ.get("HANG") else 0)
+        lock.unlink()
+    """
+)
+
+
+def test_a_build_lock_left_by_a_killed_build_does_not_stall_round_two(tmp_path, monkeypatch):
+    """A build killed by SIGKILL (a time limit) leaves cpp_extension's lock file, and every later
+    import waits on it. A review then stalled in prepare() for its whole time limit (600 s), and
+    the probes after it. prepare() now removes a lock older than its time limit, removes the
+    lock of a build it killed itself, and names a younger lock it waited on."""
+    (tmp_path / "attention_wrapper.py").write_text(BATON_WRAPPER)
+    lock = tmp_path / "build" / "cpu" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    an_hour_ago = time.time() - 3600
+    os.utime(lock, (an_hour_ago, an_hour_ago))
+    assert round2.prepare(tmp_path, timeout=20) is None
+    assert not lock.exists()
+
+    lock.touch()  # younger than the time limit: it may be a live build's, so it is waited on
+    failure = round2.prepare(tmp_path, timeout=3)
+    assert failure is not None and "timed out after 3 s" in failure and str(lock) in failure
+    assert lock.exists()
+
+    lock.unlink()
+    monkeypatch.setenv("HANG", "1")  # the build takes the lock and never finishes: killed
+    failure = round2.prepare(tmp_path, timeout=3)
+    assert failure == "the extension did not build: timed out after 3 s"
+    assert not lock.exists()

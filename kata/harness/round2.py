@@ -6,9 +6,11 @@ Interviewer-only: the handout leaves this file out, so a candidate's copy holds 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from kata import FLAWED_DIR, REPO_ROOT
@@ -117,6 +119,21 @@ CATALOG: tuple[Flaw, ...] = (
 )
 
 
+def _build_locks(directory: Path) -> dict[Path, float]:
+    """cpp_extension's build locks under `directory`/build, with their mtimes.
+
+    torch.utils.file_baton creates a file named `lock` in the build directory for the length of
+    a build, records no owner, and every other import waits while it exists. A build killed by
+    SIGKILL (a time limit) leaves it behind, and every later import would wait on it forever.
+    """
+    locks = {}
+    build = directory / "build"
+    for path in build.rglob("lock") if build.is_dir() else ():
+        with contextlib.suppress(OSError):  # gone meanwhile: a live build finished
+            locks[path] = path.stat().st_mtime
+    return locks
+
+
 def prepare(directory: Path = ROUND2_DIR, timeout: float = 600.0) -> str | None:
     """Build the proposed fix's extension once, in a child process, before the probes run.
 
@@ -134,6 +151,12 @@ def prepare(directory: Path = ROUND2_DIR, timeout: float = 600.0) -> str | None:
     from kata.harness import sandbox
 
     directory = Path(directory).resolve()
+    # A lock older than this time limit is no live build's (prepare kills its build by then,
+    # and a probe's import holds one for the second its no-op ninja takes): stale, removed.
+    started = time.time()
+    for lock, mtime in _build_locks(directory).items():
+        if mtime < started - timeout:
+            lock.unlink(missing_ok=True)
     wrapper = directory / "attention_wrapper.py"
     code = (
         "import importlib.util\n"
@@ -157,7 +180,20 @@ def prepare(directory: Path = ROUND2_DIR, timeout: float = 600.0) -> str | None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
-        return f"the extension did not build: timed out after {timeout:g} s"
+        # The killed build's own lock goes; an older one it may have waited on is named.
+        older = []
+        for lock, mtime in _build_locks(directory).items():
+            if mtime >= started:
+                lock.unlink(missing_ok=True)
+            else:
+                older.append(lock)
+        waited = (
+            f", waiting on {older[0]}, a build lock from before this run: delete it if no "
+            "build is running"
+            if older
+            else ""
+        )
+        return f"the extension did not build: timed out after {timeout:g} s{waited}"
     returncode = box.returncode(process.returncode)
     if returncode == 0:
         return None
