@@ -167,32 +167,42 @@ def test_round_two_review_command_judges_the_proposed_fix():
     assert (flaw["id"], flaw["status"]) == ("r2-status-not-raised", "present"), flaw
 
 
-# What cpp_extension does around a build (torch.utils.file_baton.FileBaton): create `lock`
-# exclusively, or wait while it exists. HANG stands for a build that never finishes.
+# What cpp_extension does around a build: before torch 2.14 (torch.utils.file_baton) create
+# `lock` exclusively or wait while it exists; from 2.14 flock() it. HANG stands for a build
+# that never finishes.
 BATON_WRAPPER = textwrap.dedent(
     """
-    import os, sys, time
+    import fcntl, os, sys, time
     from pathlib import Path
 
     lock = Path(__file__).parent / "build" / "cpu" / "lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
-    except FileExistsError:
-        while lock.exists():
-            time.sleep(0.1)
+    build_s = 3600 if os.environ.get("HANG") else 0
+    if os.environ["EXISTENCE_LOCKS"] == "1":
+        try:
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            while lock.exists():
+                time.sleep(0.1)
+        else:
+            time.sleep(build_s)
+            lock.unlink()
     else:
-        time.sleep(3600 if os.environ.get("HANG") else 0)
-        lock.unlink()
+        with open(lock, "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            time.sleep(build_s)
     """
 )
 
 
 def test_a_build_lock_left_by_a_killed_build_does_not_stall_round_two(tmp_path, monkeypatch):
-    """A build killed by SIGKILL (a time limit) leaves cpp_extension's lock file, and every later
-    import waits on it. A review then stalled in prepare() for its whole time limit (600 s), and
-    the probes after it. prepare() now removes a lock older than its time limit, removes the
-    lock of a build it killed itself, and names a younger lock it waited on."""
+    """A build killed by SIGKILL (a time limit) leaves cpp_extension's lock file. Before torch
+    2.14 every later import waits while it exists: a review stalled in prepare() for its whole
+    time limit (600 s), and the probes after it. prepare() now removes such a lock older than
+    its time limit, removes the lock of a build it killed itself, and names a younger lock it
+    waited on. From 2.14 the lock is an flock() and a file left behind blocks nothing."""
+    existence_locks = round2.locks_block_while_they_exist()
+    monkeypatch.setenv("EXISTENCE_LOCKS", "1" if existence_locks else "0")
     (tmp_path / "attention_wrapper.py").write_text(BATON_WRAPPER)
     lock = tmp_path / "build" / "cpu" / "lock"
     lock.parent.mkdir(parents=True)
@@ -200,15 +210,20 @@ def test_a_build_lock_left_by_a_killed_build_does_not_stall_round_two(tmp_path, 
     an_hour_ago = time.time() - 3600
     os.utime(lock, (an_hour_ago, an_hour_ago))
     assert round2.prepare(tmp_path, timeout=20) is None
-    assert not lock.exists()
+    assert lock.exists() != existence_locks
 
-    lock.touch()  # younger than the time limit: it may be a live build's, so it is waited on
-    failure = round2.prepare(tmp_path, timeout=3)
-    assert failure is not None and "timed out after 3 s" in failure and str(lock) in failure
-    assert lock.exists()
+    lock.touch()  # younger than the time limit: it may be a live build's
+    failure = round2.prepare(tmp_path, timeout=3) if existence_locks else None
+    if existence_locks:  # waited on, then named
+        assert failure is not None and "timed out after 3 s" in failure and str(lock) in failure
+        assert lock.exists()
+        lock.unlink()
+    else:
+        assert round2.prepare(tmp_path, timeout=20) is None
 
-    lock.unlink()
     monkeypatch.setenv("HANG", "1")  # the build takes the lock and never finishes: killed
     failure = round2.prepare(tmp_path, timeout=3)
     assert failure == "the extension did not build: timed out after 3 s"
-    assert not lock.exists()
+    assert lock.exists() != existence_locks  # a killed flock() holder blocks nothing
+    monkeypatch.delenv("HANG")
+    assert round2.prepare(tmp_path, timeout=20) is None

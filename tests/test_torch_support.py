@@ -5,6 +5,7 @@ bound, and the private torch APIs fixed/ uses behave as it expects on the torch 
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -110,6 +111,19 @@ def test_cpp_extension_behaviour_the_build_relies_on():
     assert hasattr(cpp_extension, "CUDA_HOME")
     source = (REPO_ROOT / "fixed" / "_build.py").read_text()
     assert "FileBaton" not in source and "_get_cuda_arch_flags" not in source
+
+
+def test_cpp_extension_build_lock_is_the_kind_round_two_expects():
+    """Round two's prepare() removes stale cpp_extension build locks only where the file's
+    existence blocks (torch.utils.file_baton); where it is an flock() it leaves them. Which one
+    the installed torch's JIT build takes is private: pinned here."""
+    from torch.utils import cpp_extension
+
+    from kata.harness import round2
+
+    source = inspect.getsource(cpp_extension._jit_compile)
+    assert ("FileBaton(" in source) == round2.locks_block_while_they_exist(), torch.__version__
+    assert ("FileLock(" in source) != round2.locks_block_while_they_exist(), torch.__version__
 
 
 def test_kata_refuses_an_older_torch_in_one_line(tmp_path):

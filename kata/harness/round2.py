@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kata import FLAWED_DIR, REPO_ROOT
 from kata.harness.catalog import Flaw, _flaw
+from kata.toolchain import torch_support
 
 ROUND2_DIR = FLAWED_DIR / "proposed_fix"
 
@@ -119,13 +120,19 @@ CATALOG: tuple[Flaw, ...] = (
 )
 
 
-def _build_locks(directory: Path) -> dict[Path, float]:
-    """cpp_extension's build locks under `directory`/build, with their mtimes.
+def locks_block_while_they_exist() -> bool:
+    """Whether cpp_extension's build lock (a file named `lock` in the build directory) blocks
+    other builds for as long as the file exists: torch.utils.file_baton before torch 2.14, with
+    no owner recorded, so that a build killed by SIGKILL (a time limit) leaves it and every
+    later import waits on it forever. From 2.14 it is an flock(), which the kernel drops with
+    its holder: a file left behind blocks nothing. tests/test_torch_support.py pins this on the
+    installed torch."""
+    version = torch_support.installed()
+    return version is not None and torch_support.release(version) < (2, 14, 0)
 
-    torch.utils.file_baton creates a file named `lock` in the build directory for the length of
-    a build, records no owner, and every other import waits while it exists. A build killed by
-    SIGKILL (a time limit) leaves it behind, and every later import would wait on it forever.
-    """
+
+def _build_locks(directory: Path) -> dict[Path, float]:
+    """cpp_extension's build locks under `directory`/build, with their mtimes."""
     locks = {}
     build = directory / "build"
     for path in build.rglob("lock") if build.is_dir() else ():
@@ -151,10 +158,12 @@ def prepare(directory: Path = ROUND2_DIR, timeout: float = 600.0) -> str | None:
     from kata.harness import sandbox
 
     directory = Path(directory).resolve()
-    # A lock older than this time limit is no live build's (prepare kills its build by then,
-    # and a probe's import holds one for the second its no-op ninja takes): stale, removed.
+    # Where a lock file blocks while it exists, one older than this time limit is no live
+    # build's (prepare kills its build by then, and a probe's import holds one for the second
+    # its no-op ninja takes): stale, removed.
     started = time.time()
-    for lock, mtime in _build_locks(directory).items():
+    existence_locks = locks_block_while_they_exist()
+    for lock, mtime in _build_locks(directory).items() if existence_locks else ():
         if mtime < started - timeout:
             lock.unlink(missing_ok=True)
     wrapper = directory / "attention_wrapper.py"
@@ -182,7 +191,7 @@ def prepare(directory: Path = ROUND2_DIR, timeout: float = 600.0) -> str | None:
         process.communicate()
         # The killed build's own lock goes; an older one it may have waited on is named.
         older = []
-        for lock, mtime in _build_locks(directory).items():
+        for lock, mtime in _build_locks(directory).items() if existence_locks else ():
             if mtime >= started:
                 lock.unlink(missing_ok=True)
             else:
