@@ -260,11 +260,11 @@ def test_hopper_images_hold_the_wgmma_forward(fixed):
         check=True,
     ).stdout
     parts = sass.split("Function : ")[1:]
-    # The wgmma kernel: 2 dtypes x 2 head dims x 3 sets of SDPA arguments (flash_common.cuh's
-    # ScoreArgs); the warp-specialized one: 2 dtypes x 2 head dims, with its TMA loads.
+    # Both: 2 dtypes x 2 head dims x 3 sets of SDPA arguments (flash_common.cuh's ScoreArgs);
+    # the warp-specialized one with its TMA loads.
     for kernel, count, instructions in (
         (SM90_ARGS_KERNEL, 12, ("HGMMA",)),
-        (SM90_KERNEL, 4, ("HGMMA", "UTMALDG", "SYNCS")),
+        (SM90_KERNEL, 12, ("HGMMA", "UTMALDG", "SYNCS")),
     ):
         functions = [part for part in parts if kernel in part[:300]]
         assert len(functions) == count, f"expected {kernel} x {count}: {len(functions)}"
@@ -293,6 +293,18 @@ SANITIZER_SCRIPT = textwrap.dedent(
             for n in (len_q, len_kv, len_kv)
         )
         fixed.fast_attention(q, k, v, is_causal=causal)
+    # SDPA's arguments in the same kernel: GQA with a mask that hides whole blocks (skipped) and
+    # a tail in every dimension; a key padding mask (one row, broadcast) with dropout.
+    for head_dim in (64, 128):
+        q = torch.randn(2, 4, 300, head_dim, generator=generator).to("cuda", torch.bfloat16)
+        k, v = (
+            torch.randn(2, 2, 333, head_dim, generator=generator).to("cuda", torch.bfloat16)
+            for _ in range(2)
+        )
+        lower = torch.ones(300, 333, dtype=torch.bool).tril().cuda()
+        fixed.fast_attention(q, k, v, attn_mask=lower, enable_gqa=True)
+        padding = (torch.arange(333) < torch.tensor([200, 333]).view(2, 1, 1, 1)).cuda()
+        fixed.fast_attention(q, k, v, attn_mask=padding, dropout_p=0.2, enable_gqa=True)
     torch.cuda.synchronize()
     print("sanitizer script done")
     """

@@ -99,16 +99,6 @@ __global__ void __launch_bounds__(kRowKernelThreads)
 
 // ------------------------------------------------------------------------ shared-memory helpers
 
-
-// Two consecutive floats from shared memory (8-byte aligned): a lane's lse or delta pair.
-__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t address) {
-  float2 value;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-               : "=f"(value.x), "=f"(value.y)
-               : "r"(address));
-  return value;
-}
-
 __device__ __forceinline__ void st_shared_b32(uint32_t address, uint32_t bits) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(bits) : "memory");
 }

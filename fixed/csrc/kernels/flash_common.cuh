@@ -61,6 +61,16 @@ __device__ __forceinline__ uint32_t smem_addr(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
+// Two consecutive floats from shared memory (8-byte aligned): a lane's lse or delta pair (the
+// backward), a pair of mask entries (the warp-specialized forward).
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t address) {
+  float2 value;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+               : "=f"(value.x), "=f"(value.y)
+               : "r"(address));
+  return value;
+}
+
 // 16 bytes global -> shared, bypassing L1 (.cg), asynchronous (cp.async groups below).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

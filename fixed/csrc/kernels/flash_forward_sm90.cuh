@@ -9,9 +9,10 @@
 // The launcher takes bf16/fp16 at head dim 64 or 128 (flash_common.cuh's takes_tensor_cores:
 // GQA, a mask and dropout included; key blocks a mask hides entirely are skipped) on a device of
 // compute capability 9.0 and declines everything else (the caller then tries
-// flash_forward.cuh). Problems without a mask or dropout go to the warp-specialized kernel of
+// flash_forward.cuh). Every problem goes to the warp-specialized kernel of
 // flash_forward_sm90_ws.cuh first (TMA producer, ping-pong; 1.1-1.2x this one), this kernel
-// taking what it declines. The wgmma body exists only in an sm_90a image
+// taking what it declines (a mask TMA cannot read, an image without sm_90a). The wgmma body
+// exists only in an sm_90a image
 // (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In any other image the
 // kernel runs flash_forward.cuh's mma.sync body with a tiling of the same CTA shape: slower,
 // never wrong.
@@ -29,7 +30,7 @@
 //     accumulator packed in pairs is the A fragment), V from shared memory
 // Each product is waited for before its result is used: no overlap of softmax and MMA across
 // warpgroups (FlashAttention-3's ping-pong) and no producer warp or TMA; the warp-specialized
-// kernel (flash_forward_sm90_ws.cuh) has those, and masks and dropout are to move there. Two
+// kernel (flash_forward_sm90_ws.cuh) has those. Two
 // CTAs per SM (D = 128: 97 KB of shared memory, 128 registers;
 // D = 64: 49 KB, 100 registers). Shared memory, 128-byte swizzle (wgmma.cuh), each tile stored
 // as D / 64 [rows][64] halves of the head dim: at D = 128 Q 32 KB, K and V 2 x 16 KB each; 1 KB
@@ -48,8 +49,7 @@
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
 #include "flash_common.cuh"       // cp.async, exp2, pack2, longest_first_pays, ...
 #include "flash_forward.cuh"      // flash_forward_cta: the body of images without wgmma
-#include "flash_forward_sm90_ws.cuh"  // the warp-specialized kernel, for problems without
-                                      // a mask or dropout
+#include "flash_forward_sm90_ws.cuh"  // the warp-specialized kernel, tried first
 #include "wgmma.cuh"              // wgmma.mma_async and descriptors
 
 namespace fixed_attention {
@@ -480,10 +480,12 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
       !detail::aligned16(out)) {
     return false;  // 16-byte cp.async
   }
-  // Without a mask or dropout, the warp-specialized kernel where it can run (sm_90a images).
+  // The warp-specialized kernel where it can run (sm_90a images, a mask TMA can read).
   const bool warp_specialized =
-      p.head_dim == 64 ? sm90_ws::launch<T, sm90_ws::Tile64>(q, k, v, out, lse, p, stream)
-                       : sm90_ws::launch<T, sm90_ws::Tile128>(q, k, v, out, lse, p, stream);
+      p.head_dim == 64
+          ? sm90_ws::launch<T, sm90_ws::Tile64, sm90_ws::Tile64Args>(q, k, v, out, lse, p, stream)
+          : sm90_ws::launch<T, sm90_ws::Tile128, sm90_ws::Tile128Args>(q, k, v, out, lse, p,
+                                                                        stream);
   if (warp_specialized) {
     return true;
   }

@@ -1,9 +1,12 @@
-// The forward for Hopper, warp-specialized (FlashAttention-3's structure; perf/NOTES.md, v20):
-// bf16/fp16, head dims 64 and 128, causal or not, GQA; no mask, no dropout (those stay on
-// flash_forward_sm90.cuh for now). A TMA producer warp, two consumer warpgroups with
+// The forward for Hopper, warp-specialized (FlashAttention-3's structure; perf/NOTES.md, v20,
+// v21): bf16/fp16, head dims 64 and 128, causal or not, GQA, an additive mask (loaded by TMA;
+// blocks it hides skipped) and dropout. A TMA producer warp, two consumer warpgroups with
 // setmaxnreg, softmax under the next P V, ping-pong at D = 128, one persistent CTA per SM: the
-// CTA is flash_forward_sm90_ws_cta.cuh. This file holds the kernel and its launcher, which
-// makes the TMA descriptors of Q, K and V and declines what the kernel does not cover.
+// CTA is flash_forward_sm90_ws_cta.cuh, the SDPA arguments' parts
+// flash_forward_sm90_ws_args.cuh. This file holds the kernel and its launcher, which makes the
+// TMA descriptors of Q, K, V and the mask and declines what the kernel does not cover (a mask
+// TMA cannot read: keys not contiguous, rows not 16-byte aligned; flash_forward_sm90.cuh's
+// kernel takes those).
 //
 // Outside an sm_90a image the kernel body is a marker and a trap: its launcher reads the marker
 // (has_sm90a_image) and declines there, and flash_forward_sm90.cuh's kernel runs instead.
@@ -30,11 +33,13 @@ namespace flash {
 namespace sm90_ws {
 
 #if FIXED_HAS_TENSOR_MAPS
-template <typename T, class F>
+// kArgs: flash_common.cuh's ScoreArgs (kNoArgs compiles no mask or dropout code).
+template <typename T, class F, int kArgs>
 __global__ void __launch_bounds__(F::kThreads, 1)
     flash_forward_sm90_ws_kernel(const __grid_constant__ CUtensorMap q_map,  // (B, L, D)
                             const __grid_constant__ CUtensorMap k_map,  // (B / group, S, D)
                             const __grid_constant__ CUtensorMap v_map,  // (B / group, S, D)
+                            const __grid_constant__ CUtensorMap mask_map,  // unused without
                             T* __restrict__ out,                        // (B, L, D)
                             float* __restrict__ lse,                    // (B, L)
                             const AttentionProblem p,
@@ -44,7 +49,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
   const uint32_t q_tile = (smem_addr(ws_smem) + 1023u) & ~1023u;  // swizzle atoms: 1024 bytes
   const uint32_t k_tiles = q_tile + F::kQBytes;
   const uint32_t v_tiles = k_tiles + F::kStages * F::kKVBytes;
-  const Barriers<F> bar{v_tiles + F::kStages * F::kKVBytes};
+  const uint32_t mask_tiles = v_tiles + F::kStages * F::kKVBytes;
+  const Barriers<F> bar{mask_tiles + F::kMaskStages * F::kMaskBytes};
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   // Read from lane 0 so that the compiler knows it is warp-uniform (flash_forward_sm90.cuh).
@@ -58,22 +64,30 @@ __global__ void __launch_bounds__(F::kThreads, 1)
       mbarrier_init(bar.k_empty(stage), F::kConsumerWarps);
       mbarrier_init(bar.v_empty(stage), F::kConsumerWarps);
     }
+    for (int stage = 0; stage < F::kMaskStages; ++stage) {
+      mbarrier_init(bar.mask_full(stage), 1);
+      mbarrier_init(bar.mask_empty(stage), F::kConsumerWarps);
+    }
     fence_mbarrier_init();
     prefetch_tensor_map(&q_map);
     prefetch_tensor_map(&k_map);
     prefetch_tensor_map(&v_map);
+    if (kArgs != kNoArgs && p.mask != nullptr) {
+      prefetch_tensor_map(&mask_map);
+    }
   }
   __syncthreads();  // the last CTA-wide barrier: the producer's idle warps leave below
   if (warp < 4) {
     setmaxnreg_dec<F::kProducerRegisters>();
     if (tid == 0) {
-      produce<F>(&q_map, &k_map, &v_map, bar, q_tile, k_tiles, v_tiles, p, longest_first);
+      produce<F, kArgs>(&q_map, &k_map, &v_map, &mask_map, bar, q_tile, k_tiles, v_tiles,
+                        mask_tiles, p, longest_first);
     }
     return;
   }
   setmaxnreg_inc<F::kConsumerRegisters>();
-  consume<T, F>(out, lse, bar, q_tile, k_tiles, v_tiles, p, longest_first, (warp >> 2) - 1,
-                warp & 3, lane);
+  consume<T, F, kArgs>(out, lse, bar, q_tile, k_tiles, v_tiles, mask_tiles, p, longest_first,
+                       (warp >> 2) - 1, warp & 3, lane);
 #elif defined(__CUDA_ARCH__)
   // Any other image: a marker the launcher reads on the host (has_sm90a_image: the sm_90a body
   // has no static shared memory, this one 16 bytes), and a trap, were it launched all the same.
@@ -98,21 +112,22 @@ bool has_sm90a_image(Kernel* kernel) {
   return attributes.binaryVersion == 90 && attributes.sharedSizeBytes == 0;
 }
 
-// Launches the kernel for a case it covers (see the header comment) and returns true; returns
-// false, having launched nothing, for any other. The caller checked the device (9.0), the
-// dtype, the head dim and 16-byte aligned inputs. longest_first: the causal work order
-// (launch's is flash_forward_sm90.cuh's rule; perf/fwd_sm90_check.cu times both).
-template <typename T, class F>
-bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
-                     const AttentionProblem& p, bool longest_first, cudaStream_t stream) {
-  constexpr int64_t kMaxCoordinate = std::numeric_limits<int32_t>::max();  // TMA's coordinates
-  if (p.mask != nullptr || p.dropout_p > 0.f || p.head_dim != F::kHeadDim ||
-      value_dim(p) != p.head_dim || p.len_kv <= 0 || p.kv_group <= 0 ||
-      p.batch % p.kv_group != 0 || p.len_q > kMaxCoordinate || p.len_kv > kMaxCoordinate ||
-      p.batch > kMaxCoordinate) {
-    return false;
-  }
-  auto* kernel = flash_forward_sm90_ws_kernel<T, F>;
+// The map of the problem's mask for tiling F (flash_forward_sm90_ws_args.cuh), false where TMA
+// cannot read it.
+template <class F>
+bool encode_mask_map(CUtensorMap* map, const AttentionProblem& p) {
+  const int64_t sizes[4] = {p.len_kv, p.len_q, p.heads, p.heads > 0 ? p.batch / p.heads : 0};
+  const int64_t strides[4] = {p.mask_stride_col, p.mask_stride_row, p.mask_stride_head,
+                              p.mask_stride_outer};
+  return flash::encode_mask_map(map, p.mask, sizes, strides, mask_box_rows<F>(p));
+}
+
+// One instantiation's launch: the tensor maps, one CTA per SM. False, having launched nothing,
+// where the image or a map is missing.
+template <typename T, class F, int kArgs>
+bool launch_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
+                   const AttentionProblem& p, bool longest_first, cudaStream_t stream) {
+  auto* kernel = flash_forward_sm90_ws_kernel<T, F, kArgs>;
   if (!has_sm90a_image(kernel)) {
     return false;
   }
@@ -120,11 +135,12 @@ bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
   if (work <= 0) {
     return true;  // empty: nothing to launch
   }
-  CUtensorMap q_map, k_map, v_map;
+  CUtensorMap q_map, k_map, v_map, mask_map{};
   const int64_t kv_items = p.batch / p.kv_group;
   if (!encode_rows_map(&q_map, q, p.batch, p.len_q, F::kHeadDim, F::kBlockM) ||
       !encode_rows_map(&k_map, k, kv_items, p.len_kv, F::kHeadDim, F::kBlockN) ||
-      !encode_rows_map(&v_map, v, kv_items, p.len_kv, F::kHeadDim, F::kBlockN)) {
+      !encode_rows_map(&v_map, v, kv_items, p.len_kv, F::kHeadDim, F::kBlockN) ||
+      (p.mask != nullptr && !encode_mask_map<F>(&mask_map, p))) {
     return false;
   }
   int device = 0, sms = 0;
@@ -136,25 +152,54 @@ bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
   }
   kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
   const unsigned grid = static_cast<unsigned>(work < sms ? work : sms);  // one CTA per SM
-  kernel<<<grid, F::kThreads, F::kSmemBytes, stream>>>(q_map, k_map, v_map, out, lse, p,
-                                                       p.causal && longest_first);
+  kernel<<<grid, F::kThreads, F::kSmemBytes, stream>>>(q_map, k_map, v_map, mask_map, out, lse,
+                                                       p, p.causal && longest_first);
   return true;
 }
 
-template <typename T, class F>
+// Launches the kernel for a case it covers (see the header comment) and returns true; returns
+// false, having launched nothing, for any other. The caller checked the device (9.0), the
+// dtype, the head dim and 16-byte aligned inputs. F: the tiling without a mask or dropout,
+// FArgs: with them (a tiling without mask stages declines those problems). longest_first: the
+// causal work order (launch's is flash_forward_sm90.cuh's rule; perf/fwd_sm90_check.cu times
+// both).
+template <typename T, class F, class FArgs = F>
+bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
+                     const AttentionProblem& p, bool longest_first, cudaStream_t stream) {
+  constexpr int64_t kMaxCoordinate = std::numeric_limits<int32_t>::max();  // TMA's coordinates
+  static_assert(FArgs::kHeadDim == F::kHeadDim);
+  if (p.head_dim != F::kHeadDim || value_dim(p) != p.head_dim || p.len_kv <= 0 ||
+      p.kv_group <= 0 || p.batch % p.kv_group != 0 || p.len_q > kMaxCoordinate ||
+      p.len_kv > kMaxCoordinate || p.batch > kMaxCoordinate) {
+    return false;
+  }
+  if (p.mask == nullptr && !(p.dropout_p > 0.f)) {
+    return launch_kernel<T, F, kNoArgs>(q, k, v, out, lse, p, longest_first, stream);
+  }
+  if constexpr (FArgs::kMaskStages == 0) {
+    return false;
+  } else {
+    return p.dropout_p > 0.f
+               ? launch_kernel<T, FArgs, kMaskAndDropout>(q, k, v, out, lse, p, longest_first,
+                                                          stream)
+               : launch_kernel<T, FArgs, kMaskOnly>(q, k, v, out, lse, p, longest_first, stream);
+  }
+}
+
+template <typename T, class F, class FArgs = F>
 bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
             cudaStream_t stream) {
   const bool longest_first =
       p.causal && detail::longest_first_pays(p.batch, p.len_kv, p.head_dim);
-  return launch_in_order<T, F>(q, k, v, out, lse, p, longest_first, stream);
+  return launch_in_order<T, F, FArgs>(q, k, v, out, lse, p, longest_first, stream);
 }
 #else  // a toolkit without tensor maps
-template <typename T, class F>
+template <typename T, class F, class FArgs = F>
 bool launch_in_order(const T*, const T*, const T*, T*, float*, const AttentionProblem&, bool,
                      cudaStream_t) {
   return false;
 }
-template <typename T, class F>
+template <typename T, class F, class FArgs = F>
 bool launch(const T*, const T*, const T*, T*, float*, const AttentionProblem&, cudaStream_t) {
   return false;
 }
@@ -162,9 +207,13 @@ bool launch(const T*, const T*, const T*, T*, float*, const AttentionProblem&, c
 
 // The tilings the operator uses (perf/NOTES.md, v20): ping-pong paid at D = 128 (1.14x) and
 // cost at D = 64 (0.92x), where the products are short beside the softmax; a third stage of K
-// and V paid at D = 128 (1.04x; 225 KB of shared memory) and not at D = 64.
+// and V paid at D = 128 (1.04x; 225 KB of shared memory) and not at D = 64. With a mask or
+// dropout (v21): 64 KB per mask stage, two at D = 64 (209 KB in all); at D = 128 one, and two
+// K and V stages.
 using Tile64 = Tile<64, 128, 2, false>;
 using Tile128 = Tile<128, 128, 3, true>;
+using Tile64Args = Tile<64, 128, 2, false, 2>;
+using Tile128Args = Tile<128, 128, 2, true, 1>;
 
 }  // namespace sm90_ws
 }  // namespace flash

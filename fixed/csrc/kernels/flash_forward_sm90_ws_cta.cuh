@@ -1,15 +1,16 @@
 // The CTA of the warp-specialized Hopper forward (flash_forward_sm90_ws.cuh): its tiling, its
 // pipeline, the producer and the consumers (sm_90a). The arithmetic is flash_forward_sm90.cuh's,
-// operation for operation (same online softmax on raw scores, same masks); with key blocks of
-// 64 the outputs are the same bits (perf/fwd_sm90_check.cu checks it).
+// operation for operation (same online softmax on raw scores, same masks, same dropout bits);
+// with key blocks of 64 the outputs are the same bits (perf/fwd_sm90_check.cu checks it).
 //
 // ---------------------------------------------------------------------------------- roles
 // One CTA per SM, persistent: in round r CTA c takes work item r G + c (G CTAs; odd rounds
 // reversed, scheduled_item), an item being 128 query rows of one batch item, numbered in
 // flash_forward_sm90.cuh's order. Three warpgroups (384 threads):
-//   producer (warpgroup 0, one thread): TMA loads of Q (once per item) and of K and V (per key
-//     block) into shared memory, each announced on an mbarrier ("full"), each waiting for its
-//     buffer's "empty" mbarrier first. K and V live in a ring of kStages buffers each.
+//   producer (warpgroup 0, one thread): TMA loads of Q (once per item) and of K, V and the
+//     mask's tile (per key block; blocks the mask hides entirely are skipped) into shared memory,
+//     each announced on an mbarrier ("full"), each waiting for its buffer's "empty" mbarrier
+//     first. K and V live in a ring of kStages buffers each, the mask in one of kMaskStages.
 //   consumers (warpgroups 1 and 2, rows 0-63 and 64-127 of the item): wgmma on the buffers,
 //     softmax in registers, and each warp signals "empty" once its products have read a buffer.
 // setmaxnreg moves registers from the producer (24 per thread) to the consumers (240): at
@@ -28,8 +29,9 @@
 // ------------------------------------------------------------------------- shared memory
 // 1024-byte aligned: Q (kBlockM x D), kStages K buffers, kStages V buffers (kBlockN x D each),
 // every tile as D / 64 halves of [rows][64] with the 128-byte swizzle, which is how TMA writes a
-// 64-element box with CU_TENSOR_MAP_SWIZZLE_128B and how wgmma.cuh's descriptors read it. Then
-// the mbarriers: Q full / empty, K full / empty and V full / empty per stage. "Full" barriers
+// 64-element box with CU_TENSOR_MAP_SWIZZLE_128B and how wgmma.cuh's descriptors read it;
+// kMaskStages mask tiles (flash_forward_sm90_ws_args.cuh). Then the mbarriers: Q full / empty,
+// K full / empty and V full / empty per stage, mask full / empty per mask stage. "Full" barriers
 // expect one arrival (the producer's, with the bytes); "empty" ones one per consumer warp.
 //
 // No torch includes: CI compile-checks this header for sm_90a and sm_90 without a GPU.
@@ -46,6 +48,7 @@
 
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, ...
 #include "flash_common.cuh"       // exp2_approx, pack2, smem_addr, ...
+#include "flash_forward_sm90_ws_args.cuh"  // the mask's tiles, dropout's bits
 #include "sm90_pipeline.cuh"      // mbarriers, TMA, setmaxnreg, named barriers
 #include "wgmma.cuh"              // wgmma.mma_async and descriptors
 
@@ -54,12 +57,14 @@ namespace kernels {
 namespace flash {
 namespace sm90_ws {
 
-template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_>
+// kMaskStages: buffers of mask tiles (0: a tiling for problems without a mask or dropout).
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, int kMaskStages_ = 0>
 struct Tile {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
+  static constexpr int kMaskStages = kMaskStages_;
   static constexpr int kBlockM = 128;  // 2 consumer warpgroups x 64 rows
   static constexpr int kThreads = 384;
   static constexpr int kConsumerWarps = 8;
@@ -68,13 +73,20 @@ struct Tile {
   static constexpr uint32_t kRowBytes = 128;    // one 64-element half row
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
-  static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages);
-  static constexpr std::size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
+  // The mask (flash_forward_sm90_ws_args.cuh): per key block kMaskBoxes boxes of kBlockM rows x
+  // 32 float32 keys.
+  static constexpr int kMaskBoxes = kBlockN / 32;
+  static constexpr uint32_t kMaskBoxBytes = kBlockM * 128;
+  static constexpr uint32_t kMaskBytes = kMaskBoxes * kMaskBoxBytes;
+  static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages + 2 * kMaskStages);
+  static constexpr std::size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes +
+                                            kMaskStages * kMaskBytes + kBarrierBytes;
   static constexpr uint32_t kProducerRegisters = 24;
   static constexpr uint32_t kConsumerRegisters = 240;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element halves per row");
   static_assert(kBlockN == 64 || kBlockN == 128, "wgmma n64 or n128 for S");
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters == 384 * 168);
+  static_assert(kSmemBytes <= 227 * 1024, "an H100's shared memory per block");
 };
 
 // The mbarriers, after the tiles.
@@ -92,6 +104,12 @@ struct Barriers {
   }
   __device__ __forceinline__ uint32_t v_empty(uint32_t stage) const {
     return base + 16 + 8 * (3 * F::kStages + stage);
+  }
+  __device__ __forceinline__ uint32_t mask_full(uint32_t stage) const {
+    return base + 16 + 8 * (4 * F::kStages + stage);
+  }
+  __device__ __forceinline__ uint32_t mask_empty(uint32_t stage) const {
+    return base + 16 + 8 * (4 * F::kStages + F::kMaskStages + stage);
   }
 };
 
@@ -120,15 +138,33 @@ __device__ __forceinline__ WorkItem work_item(const AttentionProblem& p, int64_t
   return {b, m0, static_cast<int>(ceil_div(key_end, F::kBlockN))};
 }
 
-#if FIXED_HAS_TENSOR_MAPS
-// The producer: one thread issues every load.
+// The next key block of item w after `block` that the mask does not hide entirely (w.n_blocks:
+// none left); without a map of hidden tiles (`skips` false), block + 1. Producer and consumers
+// walk the same blocks.
 template <class F>
+__device__ __forceinline__ int next_visible(const AttentionProblem& p, const WorkItem& w,
+                                            int block, bool skips) {
+  do {
+    ++block;
+  } while (skips && block < w.n_blocks &&
+           hidden_block(p, w.b, w.m0, F::kBlockM, static_cast<int64_t>(block) * F::kBlockN,
+                        F::kBlockN));
+  return block;
+}
+
+#if FIXED_HAS_TENSOR_MAPS
+// The producer: one thread issues every load. Q once per item; per key block that the mask
+// leaves visible K, its mask tile (kArgs, with a mask) and V.
+template <class F, int kArgs>
 __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensorMap* k_map,
-                                        const CUtensorMap* v_map, const Barriers<F> bar,
-                                        uint32_t q_tile, uint32_t k_tiles, uint32_t v_tiles,
+                                        const CUtensorMap* v_map, const CUtensorMap* mask_map,
+                                        const Barriers<F> bar, uint32_t q_tile, uint32_t k_tiles,
+                                        uint32_t v_tiles, uint32_t mask_tiles,
                                         const AttentionProblem& p, bool longest_first) {
   constexpr int kHalves = F::kHeadDim / 64;
   const int64_t row_blocks = ceil_div(p.len_q, F::kBlockM);
+  const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
+  const bool skips = kArgs != kNoArgs && skips_hidden_blocks(p);
   uint32_t pipe = 0;  // key blocks loaded so far, over all items: the ring's position
   for (uint32_t round = 0;; ++round) {
     const int64_t item = scheduled_item(round);
@@ -144,7 +180,8 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
       tma_load_3d(q_tile + half * F::kBlockM * F::kRowBytes, q_map, 64 * half,
                   static_cast<int>(w.m0), static_cast<int>(w.b), bar.q_full());
     }
-    for (int block = 0; block < w.n_blocks; ++block, ++pipe) {
+    for (int block = next_visible<F>(p, w, -1, skips); block < w.n_blocks;
+         block = next_visible<F>(p, w, block, skips), ++pipe) {
       const uint32_t stage = pipe % F::kStages;
       const uint32_t parity = (pipe / F::kStages) & 1;
       const int key0 = block * F::kBlockN;
@@ -155,6 +192,15 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
       for (int half = 0; half < kHalves; ++half) {
         tma_load_3d(k_tiles + offset + half * F::kBlockN * F::kRowBytes, k_map, 64 * half, key0,
                     kv_item, bar.k_full(stage));
+      }
+      if constexpr (kArgs != kNoArgs && F::kMaskStages > 0) {
+        if (has_mask) {  // the mask's ring: the same position, its own number of stages
+          const uint32_t mask_stage = pipe % F::kMaskStages;
+          mbarrier_wait(bar.mask_empty(mask_stage), ((pipe / F::kMaskStages) & 1) ^ 1);
+          mbarrier_arrive_expect_tx(bar.mask_full(mask_stage), mask_block_bytes<F>(p));
+          load_mask_block<F>(mask_map, mask_tiles + mask_stage * F::kMaskBytes, p, w.b, w.m0,
+                             key0, bar.mask_full(mask_stage));
+        }
       }
       mbarrier_wait(bar.v_empty(stage), parity ^ 1);
       mbarrier_arrive_expect_tx(bar.v_full(stage), F::kKVBytes);
@@ -215,23 +261,20 @@ struct Rows {
   float row_max[2], row_sum[2];  // rows g and g + 8 of the warp
 };
 
-// The scores of key block `block` (raw, in s) to probabilities, flash_forward_sm90.cuh's online
-// softmax step: masks where the block crosses the end of the keys or (causal) the diagonal,
-// the new row maxima, the rescale of rows whose maximum grew (1 for the others), the row sums.
-// Returns whether some row of this thread grew.
+// The scores of key block `block` (in s: raw, or scaled and masked where there is a mask) to
+// probabilities, flash_forward_sm90.cuh's online softmax step: masks where the block crosses the
+// end of the keys or (causal) the diagonal, the new row maxima, the rescale of rows whose maximum
+// grew (1 for the others), the row sums (of the undropped probabilities), dropout's factors
+// (has_dropout: kept holds the block's keep bits). `unit`: c = |scale| log2(e) for raw scores, 1
+// for masked ones. Returns whether some row of this thread grew.
 template <class F>
 __device__ __forceinline__ bool softmax_step(float (&s)[F::kNTiles * 4], Rows& r,
                                              float (&rescale)[2], int block,
-                                             const AttentionProblem& p, bool negate,
-                                             float scale_log2) {
+                                             const AttentionProblem& p, float unit,
+                                             const uint32_t (&kept)[2][F::kNTiles / 4],
+                                             bool has_dropout, float keep_scale) {
   constexpr int kBlockM = F::kBlockM, kBlockN = F::kBlockN, kNTiles = F::kNTiles;
   constexpr unsigned kFullMask = 0xffffffffu;
-  if (negate) {  // a negative scale: exactly what flash_forward_sm90.cuh's negated Q gives
-#pragma unroll
-    for (int i = 0; i < kNTiles * 4; ++i) {
-      s[i] = -s[i];
-    }
-  }
   const int64_t n0 = static_cast<int64_t>(block) * kBlockN;
   const bool tail = n0 + kBlockN > p.len_kv;
   const bool diagonal = p.causal && n0 + kBlockN - 1 > r.m0 + r.warp_row0;
@@ -263,19 +306,21 @@ __device__ __forceinline__ bool softmax_step(float (&s)[F::kNTiles * 4], Rows& r
     block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
     block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
     // A row with every key so far masked keeps max -inf: its probabilities are 2^-inf = 0.
-    const float max_log2 = block_max == -INFINITY ? 0.f : block_max * scale_log2;
+    const float max_log2 = block_max == -INFINITY ? 0.f : block_max * unit;
     const bool same = block_max == r.row_max[h];
     grew = grew || !same;
-    rescale[h] = same ? 1.f : exp2_approx(fmaf(r.row_max[h], scale_log2, -max_log2));
+    rescale[h] = same ? 1.f : exp2_approx(fmaf(r.row_max[h], unit, -max_log2));
     r.row_max[h] = block_max;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], scale_log2, -max_log2));
+        const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], unit, -max_log2));
         sum += prob;
-        s[4 * j + 2 * h + c] = prob;
+        s[4 * j + 2 * h + c] =
+            has_dropout ? prob * dropout_factor(kept[h][j / 4], 2 * (j % 4) + c, keep_scale)
+                        : prob;
       }
     }
     r.row_sum[h] = r.row_sum[h] * rescale[h] + sum;
@@ -304,17 +349,19 @@ __device__ __forceinline__ void release(uint32_t barrier, int lane) {
   }
 }
 
-// A consumer warpgroup (`consumer` 0 or 1: rows 64 consumer .. of each item). Block 0 is peeled
-// off the loop, so that no wgmma is issued under a condition: ptxas then keeps the two
-// products of an iteration in flight together (with a conditional one it serialized them).
-template <typename T, class F>
+// A consumer warpgroup (`consumer` 0 or 1: rows 64 consumer .. of each item). The first key
+// block is peeled off the loop, so that no wgmma is issued under a condition inside it: ptxas
+// then keeps the two products of an iteration in flight together (with a conditional one it
+// serialized them). kArgs: the instantiation that adds a mask and draws dropout.
+template <typename T, class F, int kArgs>
 __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__ lse,
                                         const Barriers<F> bar, uint32_t q_tile, uint32_t k_tiles,
-                                        uint32_t v_tiles, const AttentionProblem& p,
-                                        bool longest_first, int consumer, int warp_in_group,
-                                        int lane) {
+                                        uint32_t v_tiles, uint32_t mask_tiles,
+                                        const AttentionProblem& p, bool longest_first,
+                                        int consumer, int warp_in_group, int lane) {
   constexpr int D = F::kHeadDim, kBlockM = F::kBlockM, kBlockN = F::kBlockN;
   constexpr int kNTiles = F::kNTiles, kDTiles = F::kDTiles, kStages = F::kStages;
+  constexpr int kMaskRing = F::kMaskStages > 0 ? F::kMaskStages : 1;
   constexpr uint32_t kKVBytes = F::kKVBytes;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
@@ -324,9 +371,18 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   const uint32_t q_rows = q_tile + static_cast<uint32_t>(consumer * 64) * F::kRowBytes;
   const int64_t L = p.len_q;
   const int64_t row_blocks = ceil_div(L, kBlockM);
-  // Raw scores, c = |scale| log2(e) > 0 (flash_forward_sm90.cuh).
+  // Raw scores, c = |scale| log2(e) > 0; with a mask, scaled scores (unit 1); dropout after the
+  // row sums (flash_forward_sm90.cuh).
   const bool negate = p.scale < 0.f;
   const float scale_log2 = fmaxf(fabsf(p.scale) * kLog2e, FLT_MIN);
+  const bool has_mask = kArgs != kNoArgs && F::kMaskStages > 0 && p.mask != nullptr;
+  const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
+  const bool skips = kArgs != kNoArgs && skips_hidden_blocks(p);
+  const float unit = has_mask ? 1.f : scale_log2;
+  const float mask_scale = fabsf(p.scale) * kLog2e;
+  const bool mask_rows_vary = p.mask_stride_row != 0;
+  const float keep_scale = dropout_scale(p.dropout_p);
+  const uint32_t keep_threshold = dropout::threshold(p.dropout_p);
   const auto take_turn = [&] {
     if (F::kPingPong) {
       named_barrier_sync(my_turn, kTurnThreads);
@@ -341,7 +397,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   if (F::kPingPong && consumer == 1) {
     named_barrier_arrive(1, kTurnThreads);  // consumer 0 issues first
   }
-  uint32_t pipe = 0;  // key blocks consumed so far, over all items: the ring's position
+  uint32_t pipe = 0;  // key blocks consumed so far, over all items: the rings' position
   for (uint32_t round = 0;; ++round) {
     const int64_t item = scheduled_item(round);
     if (item >= p.batch * row_blocks) {
@@ -358,76 +414,113 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
     float s[kNTiles * 4];
     float rescale[2];
     uint32_t p_frag[kBlockN / 16][4];
+    uint32_t kept[2][kNTiles / 4];
+    // S_j's scores once its product is done: negated for a negative scale (exactly what
+    // flash_forward_sm90.cuh's negated Q gives), then the block's mask added.
+    const auto take_scores = [&](uint32_t at) {
+      if (negate) {
+#pragma unroll
+        for (int i = 0; i < kNTiles * 4; ++i) {
+          s[i] = -s[i];
+        }
+      }
+      if (has_mask) {
+        const uint32_t mask_stage = at % kMaskRing;
+        mbarrier_wait(bar.mask_full(mask_stage), (at / kMaskRing) & 1);
+        add_mask_tile<F>(s, mask_tiles + mask_stage * F::kMaskBytes, r.warp_row0 + r.g, r.t,
+                         mask_rows_vary, L - w.m0, mask_scale);
+        release(bar.mask_empty(mask_stage), lane);
+      }
+    };
+    const auto draw = [&](int block) {  // dropout's bits, while the products run
+      if (has_dropout) {
+        draw_keep_bits<F>(kept, p, keep_threshold, w.b, w.m0 + r.warp_row0 + r.g,
+                          static_cast<int64_t>(block) * kBlockN, r.g, r.t);
+      }
+    };
     mbarrier_wait(bar.q_full(), round & 1);
-
-    // Block 0: S alone.
-    uint32_t stage = pipe % kStages;
-    mbarrier_wait(bar.k_full(stage), (pipe / kStages) & 1);
-    take_turn();
-    wgmma_fence_operands(s);
-    wgmma_fence();
-    issue_s<T, F>(s, q_rows, k_tiles + stage * kKVBytes);
-    pass_turn();
-    wgmma_wait_group<0>();
-    wgmma_fence_operands(s);
-    release(bar.k_empty(stage), lane);
-    if (w.n_blocks == 1) {
-      release(bar.q_empty(), lane);  // the item's last read of Q
-    }
-    softmax_step<F>(s, r, rescale, 0, p, negate, scale_log2);  // O is 0: nothing to rescale
-    pack_p<T, F>(p_frag, s);
-    ++pipe;
-
-    // Blocks 1 ..: S_j and P_(j-1) V_(j-1) in flight together, softmax of S_j under the latter.
-    for (int block = 1; block < w.n_blocks; ++block, ++pipe) {
-      stage = pipe % kStages;
-      const uint32_t previous = (pipe - 1) % kStages;
+    int block = next_visible<F>(p, w, -1, skips);
+    if (block >= w.n_blocks) {
+      release(bar.q_empty(), lane);  // every key hidden: zeros and lse -inf, as the wgmma kernel
+    } else {
+      // The first block: S alone.
+      int following = next_visible<F>(p, w, block, skips);
+      uint32_t stage = pipe % kStages;
       mbarrier_wait(bar.k_full(stage), (pipe / kStages) & 1);
-      mbarrier_wait(bar.v_full(previous), ((pipe - 1) / kStages) & 1);
       take_turn();
-      // Pin the accumulators' last writes (O's rescale) before the fence: ptxas serializes
-      // every wgmma of a stage whose accumulators other instructions define inside it.
-      wgmma_fence_operands(o);
       wgmma_fence_operands(s);
       wgmma_fence();
       issue_s<T, F>(s, q_rows, k_tiles + stage * kKVBytes);
-      issue_pv<T, F>(o, p_frag, v_tiles + previous * kKVBytes);
       pass_turn();
-      wgmma_wait_group<1>();  // S_j done; P V may still run
+      draw(block);
+      wgmma_wait_group<0>();
       wgmma_fence_operands(s);
       release(bar.k_empty(stage), lane);
-      if (block == w.n_blocks - 1) {
-        release(bar.q_empty(), lane);
+      if (following >= w.n_blocks) {
+        release(bar.q_empty(), lane);  // the item's last read of Q
       }
-      const bool grew = softmax_step<F>(s, r, rescale, block, p, negate, scale_log2);
-      wgmma_wait_group<0>();  // P_(j-1) V_(j-1) done: O may be rescaled, V's buffer reused
-      wgmma_fence_operands(o);
-      wgmma_fence_fragments(p_frag);
-      release(bar.v_empty(previous), lane);
-      if (__any_sync(kFullMask, grew)) {  // exact: the factor is 1 for rows that did not grow
+      take_scores(pipe);
+      // O is 0: nothing to rescale.
+      softmax_step<F>(s, r, rescale, block, p, unit, kept, has_dropout, keep_scale);
+      pack_p<T, F>(p_frag, s);
+      ++pipe;
+
+      // Then S_j and P_(j-1) V_(j-1) in flight together, softmax of S_j under the latter.
+      for (; following < w.n_blocks; ++pipe) {
+        block = following;
+        following = next_visible<F>(p, w, block, skips);
+        stage = pipe % kStages;
+        const uint32_t previous = (pipe - 1) % kStages;
+        mbarrier_wait(bar.k_full(stage), (pipe / kStages) & 1);
+        mbarrier_wait(bar.v_full(previous), ((pipe - 1) / kStages) & 1);
+        take_turn();
+        // Pin the accumulators' last writes (O's rescale) before the fence: ptxas serializes
+        // every wgmma of a stage whose accumulators other instructions define inside it.
+        wgmma_fence_operands(o);
+        wgmma_fence_operands(s);
+        wgmma_fence();
+        issue_s<T, F>(s, q_rows, k_tiles + stage * kKVBytes);
+        issue_pv<T, F>(o, p_frag, v_tiles + previous * kKVBytes);
+        pass_turn();
+        draw(block);
+        wgmma_wait_group<1>();  // S_j done; P V may still run
+        wgmma_fence_operands(s);
+        release(bar.k_empty(stage), lane);
+        if (following >= w.n_blocks) {
+          release(bar.q_empty(), lane);
+        }
+        take_scores(pipe);
+        const bool grew =
+            softmax_step<F>(s, r, rescale, block, p, unit, kept, has_dropout, keep_scale);
+        wgmma_wait_group<0>();  // P_(j-1) V_(j-1) done: O may be rescaled, V's buffer reused
+        wgmma_fence_operands(o);
+        wgmma_fence_fragments(p_frag);
+        release(bar.v_empty(previous), lane);
+        if (__any_sync(kFullMask, grew)) {  // exact: the factor is 1 for rows that did not grow
 #pragma unroll
-        for (int j = 0; j < kDTiles; ++j) {
+          for (int j = 0; j < kDTiles; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            o[4 * j + e] *= rescale[e >> 1];
+            for (int e = 0; e < 4; ++e) {
+              o[4 * j + e] *= rescale[e >> 1];
+            }
           }
         }
+        pack_p<T, F>(p_frag, s);
       }
-      pack_p<T, F>(p_frag, s);
-    }
 
-    // The last block's P V.
-    const uint32_t last = (pipe - 1) % kStages;
-    mbarrier_wait(bar.v_full(last), ((pipe - 1) / kStages) & 1);
-    take_turn();
-    wgmma_fence_operands(o);
-    wgmma_fence();
-    issue_pv<T, F>(o, p_frag, v_tiles + last * kKVBytes);
-    pass_turn();
-    wgmma_wait_group<0>();
-    wgmma_fence_operands(o);
-    wgmma_fence_fragments(p_frag);
-    release(bar.v_empty(last), lane);
+      // The last block's P V.
+      const uint32_t last = (pipe - 1) % kStages;
+      mbarrier_wait(bar.v_full(last), ((pipe - 1) / kStages) & 1);
+      take_turn();
+      wgmma_fence_operands(o);
+      wgmma_fence();
+      issue_pv<T, F>(o, p_frag, v_tiles + last * kKVBytes);
+      pass_turn();
+      wgmma_wait_group<0>();
+      wgmma_fence_operands(o);
+      wgmma_fence_fragments(p_frag);
+      release(bar.v_empty(last), lane);
+    }
 
     // O / rowsum straight to global memory (each warp writes whole rows), lse.
 #pragma unroll
@@ -445,8 +538,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
               pack2<T>(o[4 * j + 2 * h] * inv_sum, o[4 * j + 2 * h + 1] * inv_sum);
         }
         if (r.t == 0) {
-          lse[w.b * L + row] =
-              sum > 0.f ? r.row_max[h] * scale_log2 * kLn2 + logf(sum) : -INFINITY;
+          lse[w.b * L + row] = sum > 0.f ? r.row_max[h] * unit * kLn2 + logf(sum) : -INFINITY;
         }
       }
     }

@@ -1,7 +1,7 @@
 // PTX wrappers for a warp-specialized Hopper kernel (sm_90a; PTX ISA 9.7.13, 9.7.9.25, 9.7.19):
 // mbarriers, TMA tile loads, register reallocation between warpgroups (setmaxnreg) and named
-// barriers; and, on the host, the TMA descriptor (tensor map) of a (items, rows, head_dim)
-// tensor. flash_forward_sm90_ws.cuh is the kernel that uses them.
+// barriers; and, on the host, the TMA descriptors (tensor maps) of a (items, rows, head_dim)
+// tensor and of an additive mask. flash_forward_sm90_ws.cuh is the kernel that uses them.
 //
 // An mbarrier is 8 bytes of shared memory that counts arrivals and, for TMA, bytes: a phase
 // completes when its expected arrivals have arrived and its expected transaction bytes have
@@ -92,6 +92,15 @@ __device__ __forceinline__ void tma_load_3d(uint32_t destination, const CUtensor
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(barrier)
       : "memory");
 }
+// The same for a rank-4 map (the mask's: key, row, head, outer).
+__device__ __forceinline__ void tma_load_4d(uint32_t destination, const CUtensorMap* map, int c0,
+                                            int c1, int c2, int c3, uint32_t barrier) {
+  FIXED_SM90A_ASM(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(destination),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(barrier)
+      : "memory");
+}
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   FIXED_SM90A_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map))
                   : "memory");
@@ -170,6 +179,40 @@ bool encode_rows_map(CUtensorMap* map, const T* base, int64_t items, int64_t row
   return encode(map, type, 3, const_cast<T*>(base), sizes, strides, box, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The map of an additive float32 mask read in boxes of `box_rows` rows x 32 keys (128 bytes,
+// stored with the 128-byte swizzle), rank 4: (key, row, head, outer), `sizes` and `strides` in
+// elements in that order. A stride of 0 (a broadcast dimension) becomes a dimension of size 1,
+// read at coordinate 0. Keys and rows past the end read zeros. False where TMA cannot read the
+// mask (keys not contiguous, a base or stride not a multiple of 16 bytes) or the encoder refuses.
+inline bool encode_mask_map(CUtensorMap* map, const float* base, const int64_t (&sizes)[4],
+                            const int64_t (&strides)[4], uint32_t box_rows) {
+  const EncodeTiled encode = tensor_map_encoder();
+  if (encode == nullptr || strides[0] != 1 || reinterpret_cast<std::uintptr_t>(base) % 16 != 0) {
+    return false;
+  }
+  cuuint64_t dims[4];
+  cuuint64_t byte_strides[3];
+  uint64_t extent = static_cast<uint64_t>(sizes[0]) * sizeof(float);  // of dims below
+  dims[0] = static_cast<cuuint64_t>(sizes[0]);
+  for (int d = 1; d < 4; ++d) {
+    if (strides[d] < 0 || (strides[d] * sizeof(float)) % 16 != 0) {
+      return false;
+    }
+    const bool broadcast = strides[d] == 0;
+    dims[d] = broadcast ? 1 : static_cast<cuuint64_t>(sizes[d]);
+    // A broadcast dimension is read at 0 only; its stride just has to be a valid one.
+    extent = (extent + 15) / 16 * 16;
+    byte_strides[d - 1] = broadcast ? extent : static_cast<cuuint64_t>(strides[d]) * sizeof(float);
+    extent = byte_strides[d - 1] * dims[d];
+  }
+  const cuuint32_t box[4] = {32, box_rows, 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, const_cast<float*>(base), dims,
+                byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
