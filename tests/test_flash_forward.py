@@ -236,6 +236,28 @@ def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
             assert len(names) == 1 and "flash_forward" not in names[0], f"{label}: launched {names}"
 
 
+def test_hopper_reads_other_head_dims_as_they_are(fixed, seed):
+    """On compute capability 9.0 the warp-specialized forward takes head dims other than 64 and
+    128, and Ev != E, as they are: its TMA loads fill the columns up to the tile's width with
+    zeros. One launch and nothing else on the GPU: no padded copies of Q, K and V, no copy of
+    the output (elsewhere they run padded: test_flash_backward.py checks their values)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialized forward needs compute capability 9.0")
+    generator = torch.Generator().manual_seed(seed)
+    for head_dim, head_dim_v in ((80, 80), (128, 64), (48, 96), (32, 32), (8, 16)):
+        q, k = (randn((2, 3, n, head_dim), torch.bfloat16, generator) for n in (100, 150))
+        v = randn((2, 3, 150, head_dim_v), torch.bfloat16, generator)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            torch.ops.fixed_attention.attention_forward(q, k, v, 1.0 / math.sqrt(head_dim), False)
+            torch.cuda.synchronize()
+        on_gpu = torch.autograd.DeviceType.CUDA
+        names = [e.name for e in profile.events() if e.device_type == on_gpu]
+        with check:
+            assert len(names) == 1 and SM90_KERNEL in names[0], (
+                f"E={head_dim} Ev={head_dim_v}: launched {names}, expected {SM90_KERNEL} alone"
+            )
+
+
 def test_hopper_images_hold_the_wgmma_forward(fixed):
     """The test above sees a kernel's name, not which of its two bodies ran: wgmma in an sm_90a
     image, mma.sync in any other. fixed/_build.py builds sm_90 code as sm_90a, so a build with

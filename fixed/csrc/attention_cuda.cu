@@ -9,7 +9,8 @@
 // launch_flash_backward tries the wgmma backward, then flash_backward.cuh's); no torch includes
 // there, so nvcc can compile-check them without a GPU. Half and bfloat16 run on the tensor-core
 // kernels with every SDPA argument (a mask, dropout, grouped-query heads), and so do other head
-// dims and Ev != E up to 128, padded (padded_head_dim); float32 and wider heads run generic.
+// dims and Ev != E up to 128: as they are on Hopper's forward, padded elsewhere
+// (padded_head_dim); float32 and wider heads run generic.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -227,16 +228,6 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
     logsumexp.fill_(-std::numeric_limits<double>::infinity());
     return {output, logsumexp};
   }
-  if (const int64_t width = padded_head_dim(query, shape)) {
-    // The same problem at head dim `width` (the scale is the caller's, not 1/sqrt(width)), with
-    // the same mask and dropout seed: the same keep mask, which depends on positions only.
-    auto [wide_output, wide_logsumexp] =
-        attention_forward_cuda(padded(query, width), padded(key, width), padded(value, width),
-                               scale, causal, attn_mask, enable_gqa, dropout_p, dropout_seed);
-    output.copy_(wide_output.narrow(-1, 0, shape.head_dim_v));
-    return {output, wide_logsumexp};
-  }
-
   // The kernels index contiguous (B, L, E) memory: one copy for views (transposed, sliced,
   // expanded); a no-op when the input is already contiguous. Under GQA, K and V keep their
   // fewer heads (B / kv_group items): the kernels index the shared one.
@@ -246,26 +237,40 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   const std::optional<HiddenTiles> hidden = tiles_to_skip(query, mask, shape, stream);
   const kernels::AttentionProblem problem =
       make_problem(shape, scale, causal, mask, hidden, dropout_p, seed);
+  // Head dims the tensor-core kernels compute at a padded width: Hopper's takes them as they are;
+  // elsewhere (or where it declines) the problem is padded below, never given to the generic one.
+  const int64_t width = padded_head_dim(query, shape);
 
+  bool launched = false;
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
-    // The fastest kernel that covers the case: Hopper's wgmma one (compute capability 9.0),
-    // the mma.sync one (both for half/bfloat16 at head dim 64 or 128 with Ev = E; a mask,
-    // dropout and GQA included), the generic one. Each launcher declines what it does not cover,
-    // having launched nothing; either way exactly one launch, checked below.
+    // The fastest kernel that covers the case: Hopper's (compute capability 9.0), the mma.sync
+    // one (half/bfloat16 at head dim 64 or 128 with Ev = E; a mask, dropout and GQA included),
+    // the generic one. Each launcher declines what it does not cover, having launched nothing;
+    // either way at most one launch, checked below.
     const auto* q_ptr = cuda_ptr<scalar_t>(q);
     const auto* k_ptr = cuda_ptr<scalar_t>(k);
     const auto* v_ptr = cuda_ptr<scalar_t>(v);
     auto* out_ptr = cuda_mutable_ptr<scalar_t>(output);
     float* const lse_ptr = logsumexp.mutable_data_ptr<float>();
-    const bool launched =
+    launched =
         kernels::launch_flash_forward_sm90(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem,
                                            stream) ||
         kernels::launch_flash_forward(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem, stream);
-    if (!launched) {
+    if (!launched && width == 0) {
       kernels::launch_attention_forward(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem, stream);
+      launched = true;
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+  if (!launched) {
+    // The same problem at head dim `width` (the scale is the caller's, not 1/sqrt(width)), with
+    // the same mask and dropout seed: the same keep mask, which depends on positions only.
+    auto [wide_output, wide_logsumexp] =
+        attention_forward_cuda(padded(query, width), padded(key, width), padded(value, width),
+                               scale, causal, attn_mask, enable_gqa, dropout_p, dropout_seed);
+    output.copy_(wide_output.narrow(-1, 0, shape.head_dim_v));
+    return {output, wide_logsumexp};
+  }
   return {output, logsumexp};
 }
 

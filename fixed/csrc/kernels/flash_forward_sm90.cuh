@@ -6,12 +6,12 @@
 // memory, without the ldmatrix round trips through registers that mma.sync needs: at S = 4096
 // on an H200, 1.4x the mma.sync kernel at D = 128 and 1.06x at D = 64 (perf/NOTES.md, v11).
 //
-// The launcher takes bf16/fp16 at head dim 64 or 128 (flash_common.cuh's takes_tensor_cores:
-// GQA, a mask and dropout included; key blocks a mask hides entirely are skipped) on a device of
-// compute capability 9.0 and declines everything else (the caller then tries
-// flash_forward.cuh). Every problem goes to the warp-specialized kernel of
-// flash_forward_sm90_ws.cuh first (TMA producer, ping-pong; 1.1-1.2x this one), this kernel
-// taking what it declines (a mask TMA cannot read, an image without sm_90a). The wgmma body
+// The launcher takes bf16/fp16 on a device of compute capability 9.0 and declines everything
+// else (the caller then tries flash_forward.cuh). Every problem goes to the warp-specialized
+// kernel of flash_forward_sm90_ws.cuh first (TMA producer, ping-pong; 1.1-1.2x this one; head
+// dims up to 128 read as they are), this kernel taking what it declines at head dim 64 or 128
+// (flash_common.cuh's takes_tensor_cores: GQA, a mask and dropout included; key blocks a mask
+// hides entirely are skipped): a mask TMA cannot read, an image without sm_90a. The wgmma body
 // exists only in an sm_90a image
 // (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In any other image the
 // kernel runs flash_forward.cuh's mma.sync body with a tiling of the same CTA shape: slower,
@@ -472,22 +472,26 @@ bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const Attent
 template <typename T>
 bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
              cudaStream_t stream) {
-  if (!detail::takes_tensor_cores(p) || (p.head_dim != 64 && p.head_dim != 128) ||
-      !current_device_is_sm90()) {
+  const int64_t widest = p.head_dim > value_dim(p) ? p.head_dim : value_dim(p);
+  if (widest > 128 || !current_device_is_sm90()) {
     return false;
   }
   if (!detail::aligned16(q) || !detail::aligned16(k) || !detail::aligned16(v) ||
       !detail::aligned16(out)) {
-    return false;  // 16-byte cp.async
+    return false;  // 16-byte cp.async and TMA
   }
-  // The warp-specialized kernel where it can run (sm_90a images, a mask TMA can read).
+  // The warp-specialized kernel where it can run (sm_90a images, a mask TMA can read), at the
+  // narrower of 64 and 128 that holds E and Ev.
   const bool warp_specialized =
-      p.head_dim == 64
+      widest <= 64
           ? sm90_ws::launch<T, sm90_ws::Tile64, sm90_ws::Tile64Args>(q, k, v, out, lse, p, stream)
           : sm90_ws::launch<T, sm90_ws::Tile128, sm90_ws::Tile128Args>(q, k, v, out, lse, p,
                                                                         stream);
   if (warp_specialized) {
     return true;
+  }
+  if (!detail::takes_tensor_cores(p) || (p.head_dim != 64 && p.head_dim != 128)) {
+    return false;
   }
   return p.head_dim == 64 ? launch<T, Tile<64>>(q, k, v, out, lse, p, stream)
                           : launch<T, Tile<128>>(q, k, v, out, lse, p, stream);
@@ -498,9 +502,10 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
 
 // The launchers the glue calls before launch_flash_forward, one overload per dtype, with its
 // arguments and contract: true when the case is taken (one launch on `stream`, or none for
-// empty work), false having launched nothing when it is not (float32, head dims other than 64
-// and 128, Ev != E, a mask, dropout, devices other than compute capability 9.0, misaligned
-// inputs).
+// empty work), false having launched nothing when it is not (float32, devices other than
+// compute capability 9.0, misaligned inputs, head dims over 128; head dims other than 64 and
+// 128 or Ev != E where the warp-specialized kernel declines them: not multiples of 8, an
+// image without sm_90a).
 inline bool launch_flash_forward_sm90(const float*, const float*, const float*, float*, float*,
                                       const AttentionProblem&, cudaStream_t) {
   return false;

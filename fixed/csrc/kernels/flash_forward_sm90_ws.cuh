@@ -1,6 +1,8 @@
 // The forward for Hopper, warp-specialized (FlashAttention-3's structure; perf/NOTES.md, v20,
-// v21): bf16/fp16, head dims 64 and 128, causal or not, GQA, an additive mask (loaded by TMA;
-// blocks it hides skipped) and dropout. A TMA producer warp, two consumer warpgroups with
+// v21): bf16/fp16, causal or not, GQA, an additive mask (loaded by TMA; blocks it hides
+// skipped) and dropout; head dims E and Ev up to 128, multiples of 8, computed at D = 64 or 128:
+// the TMA loads fill the columns past E (Q, K) and Ev (V) with zeros, which add nothing to
+// Q K^T and give output columns the kernel does not write. No padded copies. A TMA producer warp, two consumer warpgroups with
 // setmaxnreg, softmax under the next P V, ping-pong at D = 128, one persistent CTA per SM: the
 // CTA is flash_forward_sm90_ws_cta.cuh, the SDPA arguments' parts
 // flash_forward_sm90_ws_args.cuh. This file holds the kernel and its launcher, which makes the
@@ -137,9 +139,9 @@ bool launch_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
   }
   CUtensorMap q_map, k_map, v_map, mask_map{};
   const int64_t kv_items = p.batch / p.kv_group;
-  if (!encode_rows_map(&q_map, q, p.batch, p.len_q, F::kHeadDim, F::kBlockM) ||
-      !encode_rows_map(&k_map, k, kv_items, p.len_kv, F::kHeadDim, F::kBlockN) ||
-      !encode_rows_map(&v_map, v, kv_items, p.len_kv, F::kHeadDim, F::kBlockN) ||
+  if (!encode_rows_map(&q_map, q, p.batch, p.len_q, p.head_dim, F::kBlockM) ||
+      !encode_rows_map(&k_map, k, kv_items, p.len_kv, p.head_dim, F::kBlockN) ||
+      !encode_rows_map(&v_map, v, kv_items, p.len_kv, value_dim(p), F::kBlockN) ||
       (p.mask != nullptr && !encode_mask_map<F>(&mask_map, p))) {
     return false;
   }
@@ -159,7 +161,7 @@ bool launch_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
 
 // Launches the kernel for a case it covers (see the header comment) and returns true; returns
 // false, having launched nothing, for any other. The caller checked the device (9.0), the
-// dtype, the head dim and 16-byte aligned inputs. F: the tiling without a mask or dropout,
+// dtype and 16-byte aligned inputs, and chose F's head dim: E and Ev at most it. F: the tiling without a mask or dropout,
 // FArgs: with them (a tiling without mask stages declines those problems). longest_first: the
 // causal work order (launch's is flash_forward_sm90.cuh's rule; perf/fwd_sm90_check.cu times
 // both).
@@ -168,8 +170,9 @@ bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
                      const AttentionProblem& p, bool longest_first, cudaStream_t stream) {
   constexpr int64_t kMaxCoordinate = std::numeric_limits<int32_t>::max();  // TMA's coordinates
   static_assert(FArgs::kHeadDim == F::kHeadDim);
-  if (p.head_dim != F::kHeadDim || value_dim(p) != p.head_dim || p.len_kv <= 0 ||
-      p.kv_group <= 0 || p.batch % p.kv_group != 0 || p.len_q > kMaxCoordinate ||
+  const int64_t E = p.head_dim, Ev = value_dim(p);
+  if (E <= 0 || E > F::kHeadDim || E % 8 != 0 || Ev <= 0 || Ev > F::kHeadDim || Ev % 8 != 0 ||
+      p.len_kv <= 0 || p.kv_group <= 0 || p.batch % p.kv_group != 0 || p.len_q > kMaxCoordinate ||
       p.len_kv > kMaxCoordinate || p.batch > kMaxCoordinate) {
     return false;
   }

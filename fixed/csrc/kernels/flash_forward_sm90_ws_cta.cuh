@@ -522,7 +522,8 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       release(bar.v_empty(last), lane);
     }
 
-    // O / rowsum straight to global memory (each warp writes whole rows), lse.
+    // O / rowsum straight to global memory (each warp writes whole rows), lse. Only the first
+    // Ev of the tile's D columns exist (Ev a multiple of 8: whole column tiles).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = r.row_sum[h];
@@ -531,11 +532,13 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
       const int64_t row = w.m0 + r.warp_row0 + r.g + 8 * h;
       if (row < L) {
-        T* const out_row = out + (w.b * L + row) * D;
+        T* const out_row = out + (w.b * L + row) * value_dim(p);
 #pragma unroll
         for (int j = 0; j < kDTiles; ++j) {
-          *reinterpret_cast<uint32_t*>(out_row + 8 * j + 2 * r.t) =
-              pack2<T>(o[4 * j + 2 * h] * inv_sum, o[4 * j + 2 * h + 1] * inv_sum);
+          if (D == value_dim(p) || 8 * j < value_dim(p)) {
+            *reinterpret_cast<uint32_t*>(out_row + 8 * j + 2 * r.t) =
+                pack2<T>(o[4 * j + 2 * h] * inv_sum, o[4 * j + 2 * h + 1] * inv_sum);
+          }
         }
         if (r.t == 0) {
           lse[w.b * L + row] = sum > 0.f ? r.row_max[h] * unit * kLn2 + logf(sum) : -INFINITY;

@@ -157,7 +157,8 @@ inline EncodeTiled tensor_map_encoder() {
 
 // The map of a contiguous 2-byte tensor of shape (items, rows, head_dim) read in boxes of
 // `box_rows` rows x 64 elements (128 bytes: one half of a 128-wide head dim), stored in shared
-// memory with the 128-byte swizzle (wgmma.cuh's layout). Rows and items past the end read zeros.
+// memory with the 128-byte swizzle (wgmma.cuh's layout). Rows, items and columns past the end
+// read zeros (a head dim of 80 fills the second half's last 48). head_dim a multiple of 8.
 // False, with `map` unusable, if the encoder is missing or refuses (alignment, sizes).
 template <typename T>
 bool encode_rows_map(CUtensorMap* map, const T* base, int64_t items, int64_t rows,
