@@ -23,7 +23,10 @@ spent (at least `min_runs`); the median is reported. On a GPU each run sits betw
 events, and the runs rotate among input sets that together are several times the L2 cache, so
 the cache does not flatter small shapes. On the CPU each run is timed with perf_counter. A row
 whose single call takes longer than `--max-call` seconds is reported as skipped, and the whole
-run stops timing new rows once `--time-limit` is spent; both say so in the row's status.
+run stops timing new rows once `--time-limit` is spent; both say so in the row's status. The llm
+rows of one shape are timed together (alternate): each implementation runs one batch per round,
+in an order that rotates, so that a drift of the GPU's clock lands on all of them alike; their
+rows keep each batch's median and the SM clock NVML read after the batches (sm_clock_mhz).
 
 FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·L·S·D, halved when causal; the
 backward 2.5x the forward, so forward+backward 3.5x.
@@ -33,7 +36,8 @@ of the LLM rows (`--png`, default beside the JSON) when matplotlib is installed.
 
 The modules: cases (sections, shapes, settings, rows and the float32 reference), backends (what is
 timed: flawed/, fixed/, SDPA and its backends; SDPA's refusals and kernel names; machine facts),
-timing (how a row is checked and timed: the Bench), arguments (the args section: its cases, their
+timing (how a row is checked and timed: the Bench), alternate (the llm rows' alternating batches
+and the SM clock), arguments (the args section: its cases, their
 grid, SDPA's best backend), table (the stdout table and the chart) and cli (the options and
 main). `python -m bench` runs cli.main.
 """

@@ -58,6 +58,9 @@ class Settings:
     overhead_shape: tuple[int, ...] = (1, 16, 64)
     overhead_batches: int = 7
     overhead_calls: int = 200
+    # The llm section times its implementations in this many alternating batches each
+    # (bench/alternate.py).
+    alternate_rounds: int = 5
     kata_batch: int = 8
     kata_seqs: tuple[int, ...] = (512, 1024, 2048, 4096)
     llm_batch: int = 4
@@ -86,6 +89,7 @@ class Settings:
             "max_seq": self.max_seq,
             "seed": self.seed,
             "l2_bytes": self.l2_bytes,
+            "alternate_rounds": self.alternate_rounds,
             "rotation_bytes": ROTATION_FACTOR * self.l2_bytes,
             "overhead": {
                 "shape": list(self.overhead_shape),
@@ -130,6 +134,7 @@ def make_settings(args, device: torch.device) -> Settings:
     )
     if args.quick:
         settings.overhead_batches, settings.overhead_calls = 3, 50
+        settings.alternate_rounds = 3
         settings.llm_seqs = (1024, 4096)
         settings.args_seqs, settings.args_dims = ((1024, 4),), (128,)
     if cuda:

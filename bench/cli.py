@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": settings.to_json(),
         "elapsed_s": round(bench.elapsed(), 1),
         "sdpa_kernels": bench.sdpa_kernels,
+        "sm_clock": bench.clock.why_not or "NVML, after each alternating batch of the llm rows",
         "notes": bench.notes,
         "rows": bench.rows,
     }

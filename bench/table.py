@@ -209,7 +209,7 @@ def _llm_tables(rows, report) -> list[str]:
     order = ["fixed", "sdpa", "sdpa flash", "sdpa cudnn"]
     labels = {r["implementation"]: r["label"] for r in rows}
     batch, heads = rows[0]["shape"][:2]
-    lines = []
+    lines = [_llm_instrument(rows, report)]
     for pass_ in (FWD, FWD_BWD):
         notes = Footnotes()
         title = "forward" if pass_ == FWD else "forward+backward"
@@ -255,6 +255,21 @@ def _llm_tables(rows, report) -> list[str]:
             shown = _short(", ".join(names), 60)
             lines.append(f"  {family:<38} {_short(entry['backend'], 12):<12} {shown}")
     return lines
+
+
+def _llm_instrument(rows, report) -> str:
+    """How the LLM rows were timed (bench/alternate.py) and the SM clock range they saw."""
+    rounds = report.get("settings", {}).get("alternate_rounds")
+    text = "LLM rows: the median of all runs"
+    if rounds:
+        text += f" over {rounds} alternating batches (fixed, SDPA, its backends in turn)"
+    clocks = [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz")]
+    if clocks:
+        low, high = min(clocks), max(clocks)
+        text += f"; SM clock after each batch {low:.0f}-{high:.0f} MHz (per row in JSON)"
+    elif report.get("sm_clock"):
+        text += f"; SM clock: {report['sm_clock']}"
+    return text
 
 
 def write_chart(rows: list[dict], path: Path) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from bench.alternate import Entry, SmClock, alternate, runs_for
 from bench.arguments import run_arguments
 from bench.backends import Implementations, _first_line, _refusal, backend_of, sdpa
 from bench.cases import (
@@ -85,6 +86,7 @@ class Bench:
         self.generator = torch.Generator(device=settings.device)
         self.generator.manual_seed(settings.seed)
         self.too_slow: dict[tuple, str] = {}  # (impl, family) -> why larger S are skipped
+        self.clock = SmClock(settings.device)  # read after each alternating batch (llm)
 
     # -------------------------------------------------------------------------- helpers
 
@@ -140,12 +142,16 @@ class Bench:
         except Exception as error:
             self.sdpa_kernels[family] = {"backend": f"unavailable: {_first_line(error)}"}
 
-    def measure(self, row, call, n_sets: int, check, slow_key=None, backend=None) -> None:
+    def measure(
+        self, row, call, n_sets: int, check, slow_key=None, backend=None, timed=True
+    ) -> Entry | None:
         """Check `call(0)` once, then time `call(i)` (i: the input set) into `row`.
 
         check(result) -> (relative error, tolerance), or None for no check. slow_key: rows that
         share it and come later (longer sequences) are skipped once one call is too slow.
-        backend: the SDPA backend the call forces ("flash", "cudnn"), to say why it refused."""
+        backend: the SDPA backend the call forces ("flash", "cudnn"), to say why it refused.
+        timed=False: check and warm up only, and return the row's Entry for alternate() (None
+        where the row is not to be timed)."""
         s = self.s
         if slow_key in self.too_slow:
             row["status"] = self.too_slow[slow_key]
@@ -195,7 +201,9 @@ class Bench:
                 warmups = min(10, max(1, int(0.1 * s.budget_s * 1e3 / max(first_ms, 1e-3))))
                 times = time_each(call, [(1 + i) % n_sets for i in range(warmups)], s.cuda)
                 estimate, next_set = statistics.median(times), 1 + warmups
-            runs = min(s.max_runs, max(s.min_runs, int(s.budget_s * 1e3 / max(estimate, 1e-3))))
+            if not timed:
+                return Entry(row, call, n_sets, next_set, estimate)
+            runs = runs_for(s, estimate)
             times = time_each(call, [(next_set + i) % n_sets for i in range(runs)], s.cuda)
         except torch.OutOfMemoryError:
             row["status"] = "skipped: out of GPU memory while timing"
@@ -206,6 +214,7 @@ class Bench:
             return
         row["median_ms"] = statistics.median(times)
         row["runs"] = runs
+        return None
 
     # -------------------------------------------------------------------------- sections
 
@@ -361,6 +370,7 @@ class Bench:
         for pass_, rows in groups.items():
             backward = pass_ == FWD_BWD
             flops = attention_flops(batch, heads, seq, seq, dim, causal=causal, backward=backward)
+            entries = []  # checked and warm: timed together, in alternating batches
             for impl, row in zip(chosen, rows, strict=True):
                 if reason := self.cannot_run(impl):
                     row["status"] = reason
@@ -368,7 +378,11 @@ class Bench:
                 call = _llm_call(impl, sets, causal, backward)
                 slow_key = (impl.key, dim, causal, pass_)
                 check = check_backward if backward else check_forward
-                self.measure(row, call, len(sets), check, slow_key, impl.backend)
+                entry = self.measure(row, call, len(sets), check, slow_key, impl.backend, False)
+                if entry is not None:
+                    entries.append(entry)
+            alternate(entries, self.s.alternate_rounds, self.s, self.clock, time_each)
+            for row in rows:
                 if row["median_ms"]:
                     row["tflops"] = flops / (row["median_ms"] * 1e-3) / 1e12
             family = f"llm bfloat16 D={dim} {'causal' if causal else 'non-causal'} {pass_}"

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from bench import arguments, backends, cases, cli, table, timing
+from bench import alternate, arguments, backends, cases, cli, table, timing
 
 CPU_ONLY = pytest.mark.skipif(
     torch.cuda.is_available(),
@@ -200,6 +200,78 @@ def test_llm_rows_check_time_and_refuse(cpu_bench):
         )
         assert rows[("sdpa cudnn", pass_)]["ratio_to_flash"] is None
         assert fixed["ratio_to_cudnn"] is None  # no cuDNN on the CPU: no bar, no ratio
+
+
+def test_llm_rows_are_timed_in_alternating_batches(cpu_bench):
+    """Each LLM row's median is over one batch per round, every implementation in every round;
+    the table says so (the SM clock: none on the CPU, and why)."""
+    settings, impls = cpu_bench
+    chosen = (impls.fixed, impls.sdpa, impls.flash)
+    runner, rows = run_llm_shape(settings, impls, chosen, (1, 2, 64, 32), causal=False)
+    for row in rows.values():
+        assert len(row["batch_medians_ms"]) == settings.alternate_rounds, row
+        assert row["runs"] >= settings.alternate_rounds and row["sm_clock_mhz"] is None, row
+    report = {"settings": settings.to_json(), "sm_clock": runner.clock.why_not}
+    line = table._llm_instrument(list(rows.values()), report)
+    assert f"over {settings.alternate_rounds} alternating batches" in line, line
+    assert "SM clock: no CUDA device" in line, line
+
+
+class FakeClock:
+    def __init__(self):
+        self.readings = iter(range(1000, 2000, 10))
+
+    def mhz(self):
+        return next(self.readings)
+
+
+def test_alternate_rotates_the_order_and_records_every_batch():
+    settings = types.SimpleNamespace(budget_s=1.0, min_runs=6, max_runs=6, cuda=False)
+    order = []
+
+    def timer(call, indices, cuda):
+        return [call(i) for i in indices]
+
+    entries = []
+    for name, ms in (("a", 1.0), ("b", 2.0), ("c", 3.0)):
+        row = {"status": "ok", "median_ms": None, "runs": 0}
+
+        def call(i, name=name, ms=ms):
+            order.append(name)
+            return ms + i / 100  # the input set's index shows in the time
+
+        entries.append(alternate.Entry(row, call, n_sets=4, next_set=1, estimate_ms=ms))
+    alternate.alternate(entries, 3, settings, FakeClock(), timer)
+    batches = [order[i : i + 2] for i in range(0, len(order), 2)]
+    assert [b[0] for b in batches] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"], order
+    for entry, ms in zip(entries, (1.0, 2.0, 3.0), strict=True):
+        row = entry.row
+        assert row["runs"] == 6 and len(row["batch_medians_ms"]) == 3, row
+        # Input sets 1, 2, 3, 0, 1, 2: rotated through, never the checked call's alone.
+        assert row["median_ms"] == pytest.approx(ms + 0.015), row
+        assert 1000 <= row["sm_clock_mhz"] < 2000, row
+
+
+def test_alternate_marks_a_failing_row_and_times_the_others():
+    settings = types.SimpleNamespace(budget_s=1.0, min_runs=2, max_runs=2, cuda=False)
+
+    def timer(call, indices, cuda):
+        return [call(i) for i in indices]
+
+    def broken(i):
+        raise RuntimeError("launch failed\nsecond line")
+
+    good = alternate.Entry({"status": "ok", "median_ms": None}, lambda i: 1.0, 2, 0, 1.0)
+    bad = alternate.Entry({"status": "ok", "median_ms": None}, broken, 2, 0, 1.0)
+    alternate.alternate([bad, good], 2, settings, FakeClock(), timer)
+    assert bad.row["status"] == "WRONG: a timed call failed: RuntimeError: launch failed", bad.row
+    assert bad.row["median_ms"] is None and "batch_medians_ms" not in bad.row, bad.row
+    assert good.row["median_ms"] == 1.0 and good.row["runs"] == 2, good.row
+
+
+def test_sm_clock_says_why_there_is_none():
+    clock = alternate.SmClock(torch.device("cpu"))
+    assert clock.why_not == "no CUDA device" and clock.mhz() is None
 
 
 def test_a_call_over_max_call_is_not_timed_nor_are_longer_ones(cpu_bench):

@@ -1,0 +1,121 @@
+"""The instrument of the llm section: the implementations of one shape timed in alternating
+batches, with the SM clock read after each batch.
+
+Timed one after the other, each implementation's runs sit in a block of their own, and a drift of
+the GPU (its clock under power or heat, a neighbour's load) lands on one block and not on the
+next: their ratio then measures the drift as much as the kernels. Here each implementation gets a
+batch in every round, the order rotating from round to round, and its median is over all of its
+batches. Each batch's median stays in the row (their spread says how steady it was), beside the
+SM clock NVML reported after each batch (a row timed at a lower clock shows)."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from bench.backends import _first_line
+
+NVML_SUCCESS = 0
+NVML_CLOCK_SM = 1  # nvmlClockType_t
+
+
+class SmClock:
+    """The current SM clock of a CUDA device, in MHz, from NVML (libnvidia-ml, which every NVIDIA
+    driver installs, through ctypes: no Python package). `why_not` says why there is none."""
+
+    def __init__(self, device: torch.device):
+        self.why_not: str | None = None
+        self._nvml = None
+        self._handle = ctypes.c_void_p()
+        if device.type != "cuda":
+            self.why_not = "no CUDA device"
+            return
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            if nvml.nvmlInit_v2() != NVML_SUCCESS:
+                raise OSError("nvmlInit_v2 failed")
+            # By UUID: NVML numbers every GPU, CUDA only the visible ones (CUDA_VISIBLE_DEVICES).
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+            found = nvml.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(self._handle))
+            if found != NVML_SUCCESS:
+                raise OSError(f"NVML has no device {uuid} (error {found})")
+        except (OSError, AttributeError, RuntimeError) as error:
+            self.why_not = f"NVML unavailable: {_first_line(error)}"
+            return
+        self._nvml = nvml
+
+    def mhz(self) -> int | None:
+        if self._nvml is None:
+            return None
+        clock = ctypes.c_uint()
+        status = self._nvml.nvmlDeviceGetClockInfo(self._handle, NVML_CLOCK_SM, ctypes.byref(clock))
+        return clock.value if status == NVML_SUCCESS else None
+
+
+@dataclass
+class Entry:
+    """A row that passed its check and warm-up, ready to be timed."""
+
+    row: dict
+    call: Callable[[int], object]  # call(i): one call on input set i % n_sets
+    n_sets: int
+    next_set: int  # the first input set not used yet
+    estimate_ms: float
+    times: list[float] = field(default_factory=list)
+    clocks: list[int] = field(default_factory=list)
+
+
+def runs_for(settings, estimate_ms: float) -> int:
+    """A row's timed runs: its budget's worth, within --min-runs and --max-runs."""
+    budget = int(settings.budget_s * 1e3 / max(estimate_ms, 1e-3))
+    return min(settings.max_runs, max(settings.min_runs, budget))
+
+
+def alternate(
+    entries: list[Entry],
+    rounds: int,
+    settings,
+    clock: SmClock,
+    time_each: Callable[[Callable[[int], object], list[int], bool], list[float]],
+) -> None:
+    """Time `entries` in `rounds` rounds of one batch each (round r starts at entry r), then
+    record each row's median, runs, batch medians and SM clock. A call that fails or runs out of
+    memory marks its row and drops it from later rounds."""
+    live = list(entries)
+    for entry in live:
+        entry.row["batch_medians_ms"] = []
+    for round_ in range(rounds):
+        for k in range(len(live)):
+            entry = live[(k + round_) % len(live)]
+            if entry.row["status"] != "ok":
+                continue
+            per_batch = math.ceil(runs_for(settings, entry.estimate_ms) / rounds)
+            indices = [(entry.next_set + i) % entry.n_sets for i in range(per_batch)]
+            entry.next_set += per_batch
+            try:
+                times = time_each(entry.call, indices, settings.cuda)
+            except torch.OutOfMemoryError:
+                entry.row["status"] = "skipped: out of GPU memory while timing"
+                torch.cuda.empty_cache()
+                continue
+            except Exception as error:  # it passed its check: a later call failing is a defect
+                entry.row["status"] = f"WRONG: a timed call failed: {_first_line(error)}"
+                continue
+            entry.times += times
+            entry.row["batch_medians_ms"].append(statistics.median(times))
+            if (mhz := clock.mhz()) is not None:
+                entry.clocks.append(mhz)
+    for entry in entries:
+        row = entry.row
+        if row["status"] != "ok" or not entry.times:
+            row.pop("batch_medians_ms", None)
+            continue
+        row["median_ms"] = statistics.median(entry.times)
+        row["runs"] = len(entry.times)
+        row["sm_clock_mhz"] = statistics.median(entry.clocks) if entry.clocks else None
