@@ -349,6 +349,26 @@ def test_a_slow_first_call_alone_does_not_skip_the_row(cpu_bench):
     assert row["status"] == "ok" and row["median_ms"] is not None, row  # timed, not skipped
 
 
+def test_a_slow_first_call_does_not_set_the_number_of_runs(cpu_bench):
+    """A first call slow enough to count as warm-up (cuDNN building its plans) but under
+    --max-call: the row's runs follow the later calls' speed (its budget's worth), not its."""
+    settings, impls = cpu_bench
+    runner = timing.Bench(settings, log=lambda text: None)
+    runner.s = cases.Settings(**{**vars(settings), "max_call_s": 5.0})
+    row = cases.new_row("llm", impls.sdpa, (1, 1, 8, 16), torch.float32, False, "fwd")
+    sets = runner.input_sets([(1, 1, 8, 16)] * 3, torch.float32)
+    calls = []
+
+    def call(i):
+        calls.append(i)
+        if len(calls) == 1:
+            time.sleep(1.2 * cases.NO_WARMUP_MS / 1e3)
+        return backends.sdpa(*sets[i % len(sets)])
+
+    runner.measure(row, call, len(sets), None, "key")
+    assert row["status"] == "ok" and row["runs"] == settings.max_runs, row
+
+
 def test_llm_table_shows_fixed_over_cudnn(cpu_bench):
     """SDPA's default on Hopper is cuDNN, the bar: each LLM row ends with fixed's speed over it."""
     _, impls = cpu_bench
