@@ -12,7 +12,10 @@
 // Checks: bf16 and fp16, head dims 64 and 128, causal and not, batch 3, (L, S) = (128, 128),
 // (1000, 1000), (300, 700), (700, 300), (257, 513) with a negative scale and (200, 200) with
 // scale 0; and in bf16 GQA (12 query heads on 3 K/V heads, (300, 700)) and batch 64 at
-// (640, 640) (320 work items: the persistent kernel's CTAs take several). Random inputs (fixed
+// (640, 640) (320 work items: the persistent kernel's CTAs take several); and SDPA's arguments
+// (v21): an (L, S) float mask broadcast over the batch (a quarter of it -inf, one dead row) at
+// (300, 700), with dropout 0.2 and GQA in fp16 at (700, 300), dropout 0.1 alone at (257, 513)
+// (the float64 reference draws philox.h's keep mask). Random inputs (fixed
 // seed), outputs filled with NaN first; O's relative Frobenius error and lse's largest absolute
 // error against float64. A case fails if an output is not finite, O's error exceeds 2 x the
 // mma.sync kernel's + 1e-3, or lse's exceeds 1e-3. Which kernels give the wgmma kernel's bits
@@ -44,11 +47,20 @@ namespace fk = fixed_attention::kernels;
 namespace sm90 = fixed_attention::kernels::flash::sm90;
 namespace ws = fixed_attention::kernels::flash::sm90_ws;
 
-// The float64 forward on the rounded inputs: out (B, L, D), lse (B, L), natural log.
+// The SDPA arguments of a check case: an additive (L, S) mask broadcast over the batch (empty:
+// none) and dropout (philox.h's keep mask, which the kernels draw).
+struct Args {
+  std::vector<float> mask;
+  float dropout_p = 0.f;
+  uint64_t seed = 0;
+};
+
+// The float64 forward on the rounded inputs: out (B, L, D), lse (B, L), natural log; a row
+// whose every key is masked gives zeros and lse -inf.
 void reference(const std::vector<double>& q, const std::vector<double>& k,
                const std::vector<double>& v, int64_t B, int64_t L, int64_t S, int64_t D,
-               double scale, bool causal, int64_t group, std::vector<double>& out,
-               std::vector<double>& lse) {
+               double scale, bool causal, int64_t group, const Args& args,
+               std::vector<double>& out, std::vector<double>& lse) {
   out.assign(B * L * D, 0.0);
   lse.assign(B * L, 0.0);
   parallel_for(B * L, [&](int64_t row) {
@@ -61,16 +73,25 @@ void reference(const std::vector<double>& q, const std::vector<double>& k,
       for (int64_t d = 0; d < D; ++d) {
         dot += q[row * D + d] * k[(kv * S + j) * D + d];
       }
-      score[j] = scale * dot;
+      score[j] = scale * dot + (args.mask.empty() ? 0.0 : args.mask[i * S + j]);
       row_max = std::max(row_max, score[j]);
+    }
+    if (row_max == -INFINITY) {
+      lse[row] = -INFINITY;
+      return;
     }
     double sum = 0.0;
     for (int64_t j = 0; j < visible; ++j) {
       sum += std::exp(score[j] - row_max);
     }
     lse[row] = row_max + std::log(sum);
+    const double keep_scale = fk::dropout_scale(args.dropout_p);
     for (int64_t j = 0; j < visible; ++j) {
-      const double p = std::exp(score[j] - lse[row]);
+      double p = std::exp(score[j] - lse[row]);
+      if (args.dropout_p > 0.f) {
+        p *= fixed_attention::dropout::keep(args.seed, args.dropout_p, b, i, j, L, S) ? keep_scale
+                                                                                      : 0.0;
+      }
       for (int64_t d = 0; d < D; ++d) {
         out[row * D + d] += p * v[(kv * S + j) * D + d];
       }
@@ -79,14 +100,15 @@ void reference(const std::vector<double>& q, const std::vector<double>& k,
 }
 
 
-// The warp-specialized kernel (flash_forward_sm90_ws.cuh) in the operator's tilings and four
-// others: key blocks of 64 (meant to give wgmma's bits), ping-pong and the number of K and V
-// stages each the other way than the operator's, and the other causal work order.
-constexpr int kKernels = 7;
-const char* const kKernelNames[kKernels] = {"mma.sync",      "wgmma",
-                                            "ws",            "ws n64",
-                                            "ws pp flipped", "ws stages flipped",
-                                            "ws order flipped"};
+// The warp-specialized kernel (flash_forward_sm90_ws.cuh) in the operator's tilings and five
+// others: key blocks of 64 (meant to give wgmma's bits), ping-pong, the number of K and V
+// stages and of consumer warpgroups each the other way than the operator's, and the other
+// causal work order. Only the operator's tilings and n64 take a mask or dropout.
+constexpr int kKernels = 8;
+const char* const kKernelNames[kKernels] = {"mma.sync",         "wgmma",
+                                            "ws",               "ws n64",
+                                            "ws pp flipped",    "ws stages flipped",
+                                            "ws order flipped", "ws consumers flipped"};
 
 bool g_sm90a_image = true;  // false with --mma-sync-body
 
@@ -102,17 +124,23 @@ bool run_forward(int which, const T* q, const T* k, const T* v, T* out, float* l
       return d64 ? sm90::launch<T, sm90::Tile<64>>(q, k, v, out, lse, p, nullptr)
                  : sm90::launch<T, sm90::Tile<128>>(q, k, v, out, lse, p, nullptr);
     case 2:
-      return d64 ? ws::launch<T, ws::Tile64>(q, k, v, out, lse, p, nullptr)
-                 : ws::launch<T, ws::Tile128>(q, k, v, out, lse, p, nullptr);
-    case 3:
-      return d64 ? ws::launch<T, ws::Tile<64, 64, 2, false>>(q, k, v, out, lse, p, nullptr)
-                 : ws::launch<T, ws::Tile<128, 64, 3, true>>(q, k, v, out, lse, p, nullptr);
-    case 4:
+      return d64 ? ws::launch<T, ws::Tile64, ws::Tile64Args>(q, k, v, out, lse, p, nullptr)
+                 : ws::launch<T, ws::Tile128, ws::Tile128Args>(q, k, v, out, lse, p, nullptr);
+    case 3:  // with a mask or dropout too (the others decline those)
+      return d64 ? ws::launch<T, ws::Tile<64, 64, 2, false>, ws::Tile<64, 64, 2, false, 2>>(
+                       q, k, v, out, lse, p, nullptr)
+                 : ws::launch<T, ws::Tile<128, 64, 3, true>, ws::Tile<128, 64, 2, true, 1>>(
+                       q, k, v, out, lse, p, nullptr);
+    case 4:  // ping-pong takes two consumer warpgroups
       return d64 ? ws::launch<T, ws::Tile<64, 128, 2, true>>(q, k, v, out, lse, p, nullptr)
                  : ws::launch<T, ws::Tile<128, 128, 3, false>>(q, k, v, out, lse, p, nullptr);
     case 5:
-      return d64 ? ws::launch<T, ws::Tile<64, 128, 3, false>>(q, k, v, out, lse, p, nullptr)
+      return d64 ? ws::launch<T, ws::Tile<64, 128, 3, false, 0, 3>>(q, k, v, out, lse, p, nullptr)
                  : ws::launch<T, ws::Tile<128, 128, 2, true>>(q, k, v, out, lse, p, nullptr);
+    case 7:  // 2 consumer warpgroups at D = 64, 3 at D = 128 (key blocks of 64: 160 registers)
+      return d64 ? ws::launch<T, ws::Tile<64, 128, 2, false>>(q, k, v, out, lse, p, nullptr)
+                 : ws::launch<T, ws::Tile<128, 64, 2, false, 0, 3>>(q, k, v, out, lse, p,
+                                                                    nullptr);
     default: {
       const bool flipped = !fk::flash::detail::longest_first_pays(p.batch, p.len_kv, p.head_dim);
       return d64 ? ws::launch_in_order<T, ws::Tile64>(q, k, v, out, lse, p, flipped, nullptr)
@@ -123,7 +151,7 @@ bool run_forward(int which, const T* q, const T* k, const T* v, T* out, float* l
 
 template <typename T>
 bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed, int64_t group = 1,
-                int64_t batch = 3) {
+                int64_t batch = 3, bool masked = false, float dropout_p = 0.f) {
   const int64_t B = batch * group, L = c.len_q, S = c.len_kv;
   const double scale = c.scale_factor / std::sqrt(static_cast<double>(D));
   std::mt19937_64 rng(seed);
@@ -141,11 +169,30 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed, int64_t gr
   make(B * L * D, hq, q);
   make(B / group * S * D, hk, k);
   make(B / group * S * D, hv, v);
-  reference(q, k, v, B, L, S, D, scale, causal, group, ref_out, ref_lse);
+  Args args;
+  if (masked) {  // normal entries, a quarter -inf, and row 3 entirely (a dead row)
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    args.mask.resize(L * S);
+    for (int64_t i = 0; i < L * S; ++i) {
+      const double entry = normal(rng);
+      args.mask[i] = (uniform(rng) < 0.25 || i / S == 3) ? -INFINITY : static_cast<float>(entry);
+    }
+  }
+  args.dropout_p = dropout_p;
+  args.seed = seed * 7919 + 11;
+  reference(q, k, v, B, L, S, D, scale, causal, group, args, ref_out, ref_lse);
 
   fk::AttentionProblem p{B, L, S, D, static_cast<float>(scale), causal};
   p.heads = 2 * group;  // (B / heads, heads) query heads, heads / group K/V heads
   p.kv_group = group;
+  float* dmask = args.mask.empty() ? nullptr : device_copy(args.mask);
+  if (dmask != nullptr) {  // (L, S), broadcast over the batch
+    p.mask = dmask;
+    p.mask_stride_row = S;
+    p.mask_stride_col = 1;
+  }
+  p.dropout_p = dropout_p;
+  p.dropout_seed = args.seed;
   T* const dq = device_copy(hq);
   T* const dk = device_copy(hk);
   T* const dv = device_copy(hv);
@@ -154,10 +201,13 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed, int64_t gr
   CHECK_CUDA(cudaMalloc(&dout, B * L * D * sizeof(T)));
   CHECK_CUDA(cudaMalloc(&dlse, B * L * sizeof(float)));
 
-  std::printf("%s D=%3lld causal=%d L=%4lld S=%4lld scale=%+.4f group=%lld |", type_name<T>(),
-              static_cast<long long>(D), causal ? 1 : 0, static_cast<long long>(L),
-              static_cast<long long>(S), scale, static_cast<long long>(group));
+  std::printf("%s D=%3lld causal=%d L=%4lld S=%4lld scale=%+.4f group=%lld%s%s |",
+              type_name<T>(), static_cast<long long>(D), causal ? 1 : 0,
+              static_cast<long long>(L), static_cast<long long>(S), scale,
+              static_cast<long long>(group), masked ? " mask" : "",
+              dropout_p > 0.f ? " dropout" : "");
   double out_error[kKernels], lse_error[kKernels];
+  bool declined[kKernels] = {};
   std::vector<T> outs[kKernels];
   std::vector<float> lses[kKernels];
   bool ok = true;
@@ -165,12 +215,11 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed, int64_t gr
     CHECK_CUDA(cudaMemset(dout, 0xFF, B * L * D * sizeof(T)));  // NaN: unwritten shows up
     CHECK_CUDA(cudaMemset(dlse, 0xFF, B * L * sizeof(float)));
     if (!run_forward(which, dq, dk, dv, dout, dlse, p)) {
-      if (which >= 2 && !g_sm90a_image) {  // the warp-specialized kernel is sm_90a only
-        out_error[which] = out_error[1];
-        lse_error[which] = lse_error[1];
-        outs[which] = outs[1];
-        lses[which] = lses[1];
-        std::printf(" %s declined (no sm_90a image) |", kKernelNames[which]);
+      // The warp-specialized kernel is sm_90a only; of its variants only the operator's tilings
+      // and n64 take a mask or dropout.
+      if ((which >= 2 && !g_sm90a_image) || (which >= 4 && (masked || dropout_p > 0.f))) {
+        declined[which] = true;
+        std::printf(" %s declined |", kKernelNames[which]);
         continue;
       }
       std::printf(" %s declined FAIL\n", kKernelNames[which]);
@@ -188,21 +237,25 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed, int64_t gr
     }
     for (int64_t i = 0; i < B * L; ++i) {
       const double value = lses[which][i];
-      worst_lse = std::max(worst_lse, std::isfinite(value) ? std::fabs(value - ref_lse[i])
-                                                           : static_cast<double>(INFINITY));
+      const bool both_dead = value == -INFINITY && ref_lse[i] == -INFINITY;
+      worst_lse = std::max(worst_lse, both_dead             ? 0.0
+                                      : std::isfinite(value) ? std::fabs(value - ref_lse[i])
+                                                             : static_cast<double>(INFINITY));
     }
     out_error[which] = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
     lse_error[which] = worst_lse;
     std::printf(" %s O %.2e lse %.1e |", kKernelNames[which], out_error[which], worst_lse);
   }
   for (int which = 1; which < kKernels; ++which) {
-    ok = ok && std::isfinite(out_error[which]) &&
-         out_error[which] <= 2.0 * out_error[0] + 1e-3 && lse_error[which] <= 1e-3;
+    ok = ok && (declined[which] ||
+                (std::isfinite(out_error[which]) &&
+                 out_error[which] <= 2.0 * out_error[0] + 1e-3 && lse_error[which] <= 1e-3));
   }
   // Which kernels give wgmma's bits (in v11 mma.sync's did; ws n64 is meant to).
   std::printf(" same bits as wgmma:");
   for (int which = 0; which < kKernels; ++which) {
     const bool identical =
+        !declined[which] &&
         std::memcmp(outs[which].data(), outs[1].data(), outs[1].size() * sizeof(T)) == 0 &&
         std::memcmp(lses[which].data(), lses[1].data(), lses[1].size() * sizeof(float)) == 0;
     if (which != 1 && identical) {
@@ -211,7 +264,8 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed, int64_t gr
   }
   std::printf(" | %s\n", ok ? "ok" : "FAIL");
   for (void* pointer : {static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
-                        static_cast<void*>(dout), static_cast<void*>(dlse)}) {
+                        static_cast<void*>(dout), static_cast<void*>(dlse),
+                        static_cast<void*>(dmask)}) {
     CHECK_CUDA(cudaFree(pointer));
   }
   return ok;
@@ -295,7 +349,15 @@ int main(int argc, char** argv) {
         failures += check_case<__nv_bfloat16>(D, causal, kCheckShapes[2], seed++, 4) ? 0 : 1;
         // 320 work items: more than one per SM, so that persistent CTAs take several each.
         failures += check_case<__nv_bfloat16>(D, causal, {640, 640, 1.0}, seed++, 1, 64) ? 0 : 1;
-        cases += 2;
+        // A mask (a dead row, tails), with dropout and GQA, dropout alone with a negative scale.
+        failures += check_case<__nv_bfloat16>(D, causal, kCheckShapes[2], seed++, 1, 3, true)
+                        ? 0 : 1;
+        failures += check_case<__half>(D, causal, kCheckShapes[3], seed++, 2, 3, true, 0.2f)
+                        ? 0 : 1;
+        failures += check_case<__nv_bfloat16>(D, causal, kCheckShapes[4], seed++, 1, 3, false,
+                                              0.1f)
+                        ? 0 : 1;
+        cases += 5;
       }
     }
     std::printf("%d of %d cases passed\n", cases - failures, cases);

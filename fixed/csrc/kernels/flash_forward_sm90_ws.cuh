@@ -208,12 +208,14 @@ bool launch(const T*, const T*, const T*, T*, float*, const AttentionProblem&, c
 }
 #endif  // FIXED_HAS_TENSOR_MAPS
 
-// The tilings the operator uses (perf/NOTES.md, v20): ping-pong paid at D = 128 (1.14x) and
-// cost at D = 64 (0.92x), where the products are short beside the softmax; a third stage of K
-// and V paid at D = 128 (1.04x; 225 KB of shared memory) and not at D = 64. With a mask or
-// dropout (v21): 64 KB per mask stage, two at D = 64 (209 KB in all); at D = 128 one, and two
-// K and V stages.
-using Tile64 = Tile<64, 128, 2, false>;
+// The tilings the operator uses (perf/NOTES.md, v20, v21): ping-pong paid at D = 128 (1.14x)
+// and cost at D = 64 (0.92x), where the products are short beside the softmax; a third stage of
+// K and V paid at D = 128 (1.04x; 225 KB of shared memory) and not at D = 64; at D = 64 three
+// consumer warpgroups (192-row items) paid 1.10-1.15x, at D = 128 (key blocks of 64, to fit
+// their 160 registers) not. With a mask or dropout (v21): two consumers (three spilled 224-352
+// bytes), 64 KB per mask stage, two at D = 64 (209 KB in all); at D = 128 one, and two K and V
+// stages.
+using Tile64 = Tile<64, 128, 2, false, 0, 3>;
 using Tile128 = Tile<128, 128, 3, true>;
 using Tile64Args = Tile<64, 128, 2, false, 2>;
 using Tile128Args = Tile<128, 128, 2, true, 1>;

@@ -6,15 +6,18 @@
 // ---------------------------------------------------------------------------------- roles
 // One CTA per SM, persistent: in round r CTA c takes work item r G + c (G CTAs; odd rounds
 // reversed, scheduled_item), an item being 128 query rows of one batch item, numbered in
-// flash_forward_sm90.cuh's order. Three warpgroups (384 threads):
+// flash_forward_sm90.cuh's order. A producer warpgroup and kConsumers (2 or 3) consumer
+// warpgroups (384 or 512 threads):
 //   producer (warpgroup 0, one thread): TMA loads of Q (once per item) and of K, V and the
 //     mask's tile (per key block; blocks the mask hides entirely are skipped) into shared memory,
 //     each announced on an mbarrier ("full"), each waiting for its buffer's "empty" mbarrier
 //     first. K and V live in a ring of kStages buffers each, the mask in one of kMaskStages.
-//   consumers (warpgroups 1 and 2, rows 0-63 and 64-127 of the item): wgmma on the buffers,
-//     softmax in registers, and each warp signals "empty" once its products have read a buffer.
-// setmaxnreg moves registers from the producer (24 per thread) to the consumers (240): at
-// launch every thread has 168 (65536 / 384, rounded down to 8), 128 x 24 + 256 x 240 = 384 x 168.
+//   consumers (warpgroups 1, 2 (and 3), rows 0-63, 64-127 (and 128-191) of the item): wgmma on
+//     the buffers, softmax in registers, and each warp signals "empty" once its products have
+//     read a buffer.
+// setmaxnreg moves registers from the producer (24 per thread) to the consumers (240 of two,
+// 160 of three): at launch every thread has 168 (65536 / 384, rounded down to 8),
+// 128 x 24 + 256 x 240 = 384 x 168; with three, 128 (65536 / 512), 128 x 24 + 384 x 160 < 64 K.
 //
 // ----------------------------------------------------------------- the consumers' loop
 // Per key block j, with S_j = Q K_j^T and P_j its probabilities:
@@ -58,16 +61,20 @@ namespace flash {
 namespace sm90_ws {
 
 // kMaskStages: buffers of mask tiles (0: a tiling for problems without a mask or dropout).
-template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, int kMaskStages_ = 0>
+// kConsumers: consumer warpgroups of 64 rows each, 2 or 3 (FlashAttention-3's 192-row tiles at
+// D = 64).
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, int kMaskStages_ = 0,
+          int kConsumers_ = 2>
 struct Tile {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
   static constexpr int kMaskStages = kMaskStages_;
-  static constexpr int kBlockM = 128;  // 2 consumer warpgroups x 64 rows
-  static constexpr int kThreads = 384;
-  static constexpr int kConsumerWarps = 8;
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kConsumerWarps = 4 * kConsumers;
   static constexpr int kNTiles = kBlockN / 8;   // 8-key column tiles of S per warp
   static constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of O per warp
   static constexpr uint32_t kRowBytes = 128;    // one 64-element half row
@@ -81,11 +88,18 @@ struct Tile {
   static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages + 2 * kMaskStages);
   static constexpr std::size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes +
                                             kMaskStages * kMaskBytes + kBarrierBytes;
+  // The register file (64 K) less the producer's 24 per thread, shared by the consumers in
+  // multiples of 8, at most 240: 240 for two consumer warpgroups, 160 for three.
   static constexpr uint32_t kProducerRegisters = 24;
-  static constexpr uint32_t kConsumerRegisters = 240;
+  static constexpr uint32_t kConsumerRegisters =
+      (65536 - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8 > 240
+          ? 240
+          : (65536 - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element halves per row");
   static_assert(kBlockN == 64 || kBlockN == 128, "wgmma n64 or n128 for S");
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters == 384 * 168);
+  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536);
+  static_assert(kConsumers == 2 || kConsumers == 3, "rows: 128 or 192 (TMA boxes <= 256)");
+  static_assert(!kPingPong || kConsumers == 2, "ping-pong takes turns between two");
   static_assert(kSmemBytes <= 227 * 1024, "an H100's shared memory per block");
 };
 
@@ -349,10 +363,10 @@ __device__ __forceinline__ void release(uint32_t barrier, int lane) {
   }
 }
 
-// A consumer warpgroup (`consumer` 0 or 1: rows 64 consumer .. of each item). The first key
-// block is peeled off the loop, so that no wgmma is issued under a condition inside it: ptxas
-// then keeps the two products of an iteration in flight together (with a conditional one it
-// serialized them). kArgs: the instantiation that adds a mask and draws dropout.
+// A consumer warpgroup (`consumer` 0 .. kConsumers - 1: rows 64 consumer .. of each item). The
+// first key block is peeled off the loop, so that no wgmma is issued under a condition inside
+// it: ptxas then keeps the two products of an iteration in flight together (with a conditional
+// one it serialized them). kArgs: the instantiation that adds a mask and draws dropout.
 template <typename T, class F, int kArgs>
 __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__ lse,
                                         const Barriers<F> bar, uint32_t q_tile, uint32_t k_tiles,
