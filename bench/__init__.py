@@ -8,7 +8,8 @@ Four sections (`--only` picks some):
   llm       LLM shapes, bfloat16 (B, H, S, D), forward and forward+backward: fixed and SDPA's
             default, flash and cuDNN backends, in TFLOP/s and as a ratio to the flash backend;
             each row ends with fixed's speed over cuDNN's, the bar on Hopper (SDPA's default
-            there). The JSON rows carry ratio_to_flash and ratio_to_cudnn. Needs a CUDA GPU.
+            there; the faster of the cuDNN backend forced and the default, which forcing can
+            slow down). The JSON rows carry ratio_to_flash and ratio_to_cudnn. Needs a CUDA GPU.
   args      SDPA's other arguments (a bool or float mask, GQA, head dim 80, Ev = D/2, dropout)
             at LLM shapes, bfloat16, H=16, S=2048 (B=4) and 8192 (B=1), D=64 and 128, forward
             and forward+backward: fixed against SDPA's default and against SDPA's best backend

@@ -122,7 +122,7 @@ def run_arguments(bench, impls) -> None:
         run_case(bench, impls, case, shape, groups)
         if s.cuda:  # the case's inputs and reference went with run_case's frame
             torch.cuda.empty_cache()
-    set_ratios(section_rows, {"ratio_to_sdpa": "sdpa", "ratio_to_best": BEST})
+    set_ratios(section_rows, {"ratio_to_sdpa": ("sdpa",), "ratio_to_best": (BEST,)})
 
 
 def run_case(bench, impls, case: Case, shape, groups) -> None:

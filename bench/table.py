@@ -215,7 +215,8 @@ def _llm_tables(rows, report) -> list[str]:
         title = "forward" if pass_ == FWD else "forward+backward"
         lines += [
             f"LLM shapes: bfloat16 (B={batch}, H={heads}, S, D), {title}: TFLOP/s (ratio to "
-            "SDPA flash), flash's ms per call, and fixed's speed over cuDNN's (the bar)",
+            "SDPA flash), flash's ms per call, and fixed's speed over cuDNN's (the bar: the "
+            "faster of the cuDNN backend and SDPA's default)",
             f"  {'D':>4} {'causal':<7}{'S':>6}  "
             + "".join(f"{labels[key]:<18}" for key in order)
             + f"{'flash ms':>10}{'fixed/cuDNN':>13}",
