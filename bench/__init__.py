@@ -17,17 +17,18 @@ Four sections (`--only` picks some):
             name the row gives. The JSON rows carry ratio_to_sdpa and ratio_to_best. Needs a
             CUDA GPU.
 
-How it times. Every implementation is first checked once against float32 SDPA (the math backend,
-an independent path) on fresh standard-normal inputs; a wrong result is reported as WRONG and
-never timed. Then: warm-up calls, and timed runs until a row's time budget or its run cap is
-spent (at least `min_runs`); the median is reported. On a GPU each run sits between two CUDA
-events, and the runs rotate among input sets that together are several times the L2 cache, so
-the cache does not flatter small shapes. On the CPU each run is timed with perf_counter. A row
-whose single call takes longer than `--max-call` seconds is reported as skipped, and the whole
-run stops timing new rows once `--time-limit` is spent; both say so in the row's status. The llm
-rows of one shape are timed together (alternate): each implementation runs one batch per round,
-in an order that rotates, so that a drift of the GPU's clock lands on all of them alike; their
-rows keep each batch's median and the SM clock NVML read after the batches (sm_clock_mhz).
+How it times. Every implementation is first checked once against float32 SDPA (the math backend, an
+independent path) on fresh standard-normal inputs; a wrong result is reported as WRONG and never
+timed. Then: warm-up calls, and timed runs until a row's time budget or its run cap is spent (at
+least `min_runs`); the median is reported. On a GPU each run sits between two CUDA events, and the
+runs rotate among input sets that together are several times the L2 cache, so the cache does not
+flatter small shapes. On the CPU each run is timed with perf_counter. A row whose single call takes
+longer than `--max-call` seconds is reported as skipped, and the whole run stops timing new rows
+once `--time-limit` is spent; both say so in the row's status. The llm rows of one shape and pass,
+and the args rows of one case, shape and pass, are timed together (alternate): each implementation
+runs one batch per round, in an order that rotates, so that a drift of the GPU's clock lands on all
+of them alike; their rows keep each batch's median and the SM clock NVML read after the batches
+(sm_clock_mhz).
 
 FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·L·S·D, halved when causal; the
 backward 2.5x the forward, so forward+backward 3.5x.

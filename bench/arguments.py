@@ -40,7 +40,8 @@ from bench.cases import (
 
 BEST = "sdpa best"  # the implementation of the best rows
 UNCHECKED = "ok (unchecked: dropout's mask differs from SDPA's by design)"
-_COPIED = ("median_ms", "runs", "tflops", "rel_error", "status")  # a backend's into the best row
+# A backend's fields that its best row takes.
+_COPIED = ("median_ms", "runs", "tflops", "rel_error", "status", "batch_medians_ms", "sm_clock_mhz")
 
 
 @dataclass(frozen=True)
@@ -160,17 +161,24 @@ def run_case(bench, impls, case: Case, shape, groups) -> None:
         if dim_v != dim:  # q·kᵀ at E, p·v at Ev
             flops *= (dim + dim_v) / (2 * dim)
         timer = _Timer(bench, sets, kwargs, backward, check_bwd if backward else check_fwd, flops)
+        entries, timed_rows = [], []
         for impl in (impls.fixed, impls.sdpa):
             if impl.missing:
                 rows[impl.key]["status"] = f"skipped: {impl.missing}"
             else:
-                timer.measure(rows[impl.key], impl)
-        _measure_best(rows[BEST], impls, timer)
+                entries += timer.prepare(rows[impl.key], impl)
+                timed_rows.append(rows[impl.key])
+        tried = _prepare_best(rows[BEST], impls, timer, entries)
+        bench.alternate(entries)  # every row of the pass in turn, as the llm section's
+        for row in [*timed_rows, *tried.values()]:
+            timer.finish(row)
+        _choose_best(rows[BEST], tried)
 
 
 @dataclass
 class _Timer:
-    """Checks and times one pass of one case at one shape, whichever implementation calls it."""
+    """Checks and warms up one pass of one case at one shape, whichever implementation calls it;
+    finish() completes a row once it has been timed."""
 
     bench: object
     sets: list[tuple[torch.Tensor, ...]]
@@ -179,33 +187,45 @@ class _Timer:
     check: Callable | None
     flops: float
 
-    def measure(self, row: dict, impl) -> None:
+    def prepare(self, row: dict, impl) -> list:
+        """The row's Entry for the alternating batches, or none if it is not to be timed."""
         call = _call(impl, self.sets, self.kwargs, self.backward)
-        self.bench.measure(row, call, len(self.sets), self.check, backend=impl.backend)
+        entry = self.bench.measure(
+            row, call, len(self.sets), self.check, backend=impl.backend, timed=False
+        )
+        return [] if entry is None else [entry]
+
+    def finish(self, row: dict) -> None:
         if self.kwargs["dropout_p"] and row["status"] == "ok":
             row["status"] = UNCHECKED
         if row["median_ms"]:
             row["tflops"] = self.flops / (row["median_ms"] * 1e-3) / 1e12
 
 
-def _measure_best(best: dict, impls, timer: _Timer) -> None:
-    """The fastest backend that took the call into `best`, timed and checked as the default is.
-    Math, which takes every call and is the slowest where another does, only when no fused
-    backend was timed."""
+def _prepare_best(best: dict, impls, timer: _Timer, entries: list) -> dict[str, dict]:
+    """The rows of SDPA's backends that the best row chooses from, checked and warmed up (their
+    entries added to `entries`). Math, which takes every call and is the slowest where another
+    does, only when no fused backend took the call."""
     tried = {}
     for impl in (impls.flash, impls.efficient, impls.cudnn, impls.math):
-        if impl is impls.math and any(row["median_ms"] for row in tried.values()):
+        warm = {id(entry.row) for entry in entries}
+        if impl is impls.math and any(id(row) in warm for row in tried.values()):
             break
         row = new_row("args", impl, best["shape"], torch.bfloat16, False, best["pass"])
-        timer.measure(row, impl)
+        entries += timer.prepare(row, impl)
         tried[impl.backend] = row
-    best["backends"] = {name: {key: row[key] for key in _COPIED} for name, row in tried.items()}
+    return tried
+
+
+def _choose_best(best: dict, tried: dict[str, dict]) -> None:
+    """The fastest backend that took the call into `best`, timed and checked as the default is."""
+    best["backends"] = {name: {key: row.get(key) for key in _COPIED} for name, row in tried.items()}
     timed = {name: row for name, row in tried.items() if row["median_ms"]}
     if not timed:
         best["status"] = _none_timed(tried)
         return
     name = min(timed, key=lambda backend: timed[backend]["median_ms"])
-    best.update({key: timed[name][key] for key in _COPIED}, backend=name)
+    best.update({key: timed[name].get(key) for key in _COPIED}, backend=name)
     # A backend that took the call and got it wrong: said, though another won.
     wrong = [
         f"{other} {row['status']}"

@@ -220,6 +220,10 @@ class Bench:
         row["runs"] = runs
         return None
 
+    def alternate(self, entries: list[Entry]) -> None:
+        """Time checked, warm rows together in alternating batches (bench/alternate.py)."""
+        alternate(entries, self.s.alternate_rounds, self.s, self.clock, time_each)
+
     # -------------------------------------------------------------------------- sections
 
     def run(self, impls: Implementations) -> None:
@@ -385,7 +389,7 @@ class Bench:
                 entry = self.measure(row, call, len(sets), check, slow_key, impl.backend, False)
                 if entry is not None:
                     entries.append(entry)
-            alternate(entries, self.s.alternate_rounds, self.s, self.clock, time_each)
+            self.alternate(entries)
             for row in rows:
                 if row["median_ms"]:
                     row["tflops"] = flops / (row["median_ms"] * 1e-3) / 1e12

@@ -481,6 +481,9 @@ def test_args_best_is_the_fastest_backend_that_takes_the_call(cpu_bench):
             assert best["backends"][refused]["status"].startswith("unavailable: "), best
             assert best["backends"][refused]["median_ms"] is None, best
         assert fixed["ratio_to_best"] == pytest.approx(best["median_ms"] / fixed["median_ms"])
+        # Timed together, in alternating batches, as the llm rows are.
+        for row in (fixed, rows[("sdpa", pass_)], best):
+            assert len(row["batch_medians_ms"]) == settings.alternate_rounds, row
         sdpa_ms = rows[("sdpa", pass_)]["median_ms"]
         assert fixed["ratio_to_sdpa"] == pytest.approx(sdpa_ms / fixed["median_ms"])
 
