@@ -135,14 +135,16 @@ bool run_forward(int which, const T* q, const T* k, const T* v, T* out, float* l
       return d64 ? ws::launch<T, ws::Tile<64, 128, 2, true>>(q, k, v, out, lse, p, nullptr)
                  : ws::launch<T, ws::Tile<128, 128, 3, false>>(q, k, v, out, lse, p, nullptr);
     case 5:
-      return d64 ? ws::launch<T, ws::Tile<64, 128, 3, false, 0, 3>>(q, k, v, out, lse, p, nullptr)
+      return d64 ? ws::launch<T, ws::Tile<64, 128, 2, false, 0, 3>>(q, k, v, out, lse, p, nullptr)
                  : ws::launch<T, ws::Tile<128, 128, 2, true>>(q, k, v, out, lse, p, nullptr);
     case 7:  // 2 consumer warpgroups at D = 64, 3 at D = 128 (key blocks of 64: 160 registers)
-      return d64 ? ws::launch<T, ws::Tile<64, 128, 2, false>>(q, k, v, out, lse, p, nullptr)
+      return d64 ? ws::launch<T, ws::Tile<64, 128, 3, false>>(q, k, v, out, lse, p, nullptr)
                  : ws::launch<T, ws::Tile<128, 64, 2, false, 0, 3>>(q, k, v, out, lse, p,
                                                                     nullptr);
     default: {
-      const bool flipped = !fk::flash::detail::longest_first_pays(p.batch, p.len_kv, p.head_dim);
+      // The other causal order than the one launch takes.
+      const bool flipped = d64 ? !ws::longest_first_for<ws::Tile64>(true)
+                               : !ws::longest_first_for<ws::Tile128>(true);
       return d64 ? ws::launch_in_order<T, ws::Tile64>(q, k, v, out, lse, p, flipped, nullptr)
                  : ws::launch_in_order<T, ws::Tile128>(q, k, v, out, lse, p, flipped, nullptr);
     }

@@ -25,7 +25,7 @@
 #include <limits>
 
 #include "attention_problem.cuh"           // AttentionProblem, ceil_div, ...
-#include "flash_common.cuh"                // smem_addr, longest_first_pays, ...
+#include "flash_common.cuh"                // smem_addr, ScoreArgs, ...
 #include "flash_forward_sm90_ws_cta.cuh"   // Tile, produce, consume
 #include "sm90_pipeline.cuh"               // setmaxnreg, tensor maps
 
@@ -161,10 +161,10 @@ bool launch_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
 
 // Launches the kernel for a case it covers (see the header comment) and returns true; returns
 // false, having launched nothing, for any other. The caller checked the device (9.0), the
-// dtype and 16-byte aligned inputs, and chose F's head dim: E and Ev at most it. F: the tiling without a mask or dropout,
-// FArgs: with them (a tiling without mask stages declines those problems). longest_first: the
-// causal work order (launch's is flash_forward_sm90.cuh's rule; perf/fwd_sm90_check.cu times
-// both).
+// dtype and 16-byte aligned inputs, and chose F's head dim: E and Ev at most it. F: the tiling
+// without a mask or dropout, FArgs: with them (a tiling without mask stages declines those
+// problems). longest_first: the causal work order (launch's is longest_first_for;
+// perf/fwd_sm90_check.cu times both).
 template <typename T, class F, class FArgs = F>
 bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
                      const AttentionProblem& p, bool longest_first, cudaStream_t stream) {
@@ -189,12 +189,21 @@ bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
   }
 }
 
+// The causal work order as measured for this kernel on an H100 (perf/NOTES.md, v21; B x H = 64,
+// S = 4096, 8192 and 16384; perf/fwd_sm90_check.cu's "ws order flipped"): longest first at
+// D = 64 (1.04-1.18x), batch-major at D = 128 (1.08-1.16x), at every S. The wgmma kernel's L2
+// rule (flash_common.cuh's longest_first_pays, fitted on an H200) chose the slower order in
+// three of those six.
+template <class F>
+constexpr bool longest_first_for(bool causal) {
+  return causal && F::kHeadDim == 64;
+}
+
 template <typename T, class F, class FArgs = F>
 bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
             cudaStream_t stream) {
-  const bool longest_first =
-      p.causal && detail::longest_first_pays(p.batch, p.len_kv, p.head_dim);
-  return launch_in_order<T, F, FArgs>(q, k, v, out, lse, p, longest_first, stream);
+  return launch_in_order<T, F, FArgs>(q, k, v, out, lse, p, longest_first_for<F>(p.causal),
+                                      stream);
 }
 #else  // a toolkit without tensor maps
 template <typename T, class F, class FArgs = F>
@@ -210,12 +219,12 @@ bool launch(const T*, const T*, const T*, T*, float*, const AttentionProblem&, c
 
 // The tilings the operator uses (perf/NOTES.md, v20, v21): ping-pong paid at D = 128 (1.14x)
 // and cost at D = 64 (0.92x), where the products are short beside the softmax; a third stage of
-// K and V paid at D = 128 (1.04x; 225 KB of shared memory) and not at D = 64; at D = 64 three
-// consumer warpgroups (192-row items) paid 1.10-1.15x, at D = 128 (key blocks of 64, to fit
-// their 160 registers) not. With a mask or dropout (v21): two consumers (three spilled 224-352
-// bytes), 64 KB per mask stage, two at D = 64 (209 KB in all); at D = 128 one, and two K and V
-// stages.
-using Tile64 = Tile<64, 128, 2, false, 0, 3>;
+// K and V paid at D = 128 (1.04x; 225 KB of shared memory); at D = 64 three consumer
+// warpgroups (192-row items) paid 1.10-1.15x, and then a third stage 1.00-1.02x (120 KB); at
+// D = 128 three consumers (key blocks of 64, to fit their 160 registers) did not pay. With a
+// mask or dropout (v21): two consumers (three spilled 224-352 bytes), 64 KB per mask stage, two
+// at D = 64 (209 KB in all); at D = 128 one, and two K and V stages.
+using Tile64 = Tile<64, 128, 3, false, 0, 3>;
 using Tile128 = Tile<128, 128, 3, true>;
 using Tile64Args = Tile<64, 128, 2, false, 2>;
 using Tile128Args = Tile<128, 128, 2, true, 1>;
