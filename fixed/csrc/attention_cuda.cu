@@ -75,15 +75,17 @@ typename CudaType<scalar_t>::type* cuda_mutable_ptr(at::Tensor& tensor) {
                      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
 // Which kHiddenTile x kHiddenTile tiles (rows x keys) of the additive mask, additive_mask's
-// (batch / heads, heads, L, S) view, are entirely -inf: a uint8 map, 1 where hidden, for the
-// tensor-core kernels to skip those blocks (a causal, sliding-window or padding mask hides many;
-// their probabilities are all 0, so skipping changes nothing). Computed by one kernel launch on
+// (batch / heads, heads, L, S) view, are entirely -inf or entirely 0: a uint8 map, 1 where
+// hidden, 2 where zero, for the tensor-core kernels to skip those blocks (a causal,
+// sliding-window or padding mask hides many; their probabilities are all 0, so skipping changes
+// nothing) and, on Hopper, the mask's loads in these (most of a mask made from bools: adding 0
+// changes nothing either). Computed by one kernel launch on
 // `stream` from the mask's own elements (size 1 where it is broadcast, the map too), and only
 // where those are at most an eighth of the scores, so that the pass costs little beside the
 // attention kernels; otherwise none.
 struct HiddenTiles {
-  at::Tensor any;    // int32 [1]: nonzero when some tile is hidden
-  at::Tensor tiles;  // uint8 (outer or 1, heads or 1, row tiles or 1, key tiles or 1), 1: hidden
+  at::Tensor any;    // int32 [1]: bit 0 when some tile is hidden, bit 1 when some is zero
+  at::Tensor tiles;  // uint8 (outer or 1, heads or 1, row tiles or 1, key tiles or 1), 1 / 2
 };
 
 std::optional<HiddenTiles> hidden_tiles(const at::Tensor& mask, const AttentionShape& shape,

@@ -43,10 +43,12 @@ struct AttentionProblem {
                                 // + j * mask_stride_col] (strides may be 0: broadcast)
   int64_t mask_stride_outer = 0, mask_stride_head = 0, mask_stride_row = 0, mask_stride_col = 0;
   // Optional, for the tensor-core kernels only: which kHiddenTile x kHiddenTile tiles (rows x
-  // keys) the mask hides entirely (1: every entry -inf), indexed as the mask is, by tile, with
-  // strides (0 where broadcast). Those kernels skip blocks made of hidden tiles; null: none.
+  // keys) the mask hides entirely (1: every entry -inf) and which it leaves as they are (2:
+  // every entry 0), indexed as the mask is, by tile, with strides (0 where broadcast). Those
+  // kernels skip blocks made of hidden tiles, and the Hopper ones the mask's loads in blocks
+  // made of zero tiles; null: none.
   const uint8_t* hidden_tiles = nullptr;
-  const int* any_hidden = nullptr;  // with hidden_tiles: nonzero when some tile is hidden
+  const int* any_hidden = nullptr;  // with hidden_tiles: bit 0 some tile hidden, bit 1 some zero
   int64_t hidden_stride_outer = 0, hidden_stride_head = 0, hidden_stride_row = 0,
           hidden_stride_col = 0;
   float dropout_p = 0.f;  // 0: none

@@ -238,6 +238,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   static_assert(kQTiles % 2 == 0, "dropout's Philox blocks are drawn for two n-tiles at once");
   constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;
   const bool skips = kArgs == kMaskOnly && skips_hidden_blocks(p);
+  const bool skips_zero = has_mask && skips_zero_blocks(p);
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
@@ -346,7 +347,9 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
               query < L && key < S ? mask_entry(p, mask_b, query, key) : 0.f;
         }
       };
-      if (has_mask) {  // uniform
+      // Where the block's mask entries are all 0 (zero_block), none are read: P as unmasked.
+      const bool masked = has_mask && !(skips_zero && zero_block(p, b, m0, BM, n0, BN));
+      if (masked) {  // uniform
 #pragma unroll
         for (int j = 0; j < kWindow; ++j) {
           load_bias(j);
@@ -383,7 +386,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
         for (int e = 0; e < 4; ++e) {
           const float row_lse = (e & 1) ? lse2.y : lse2.x;
           float exponent = -row_lse;
-          if (has_mask) {
+          if (masked) {  // fmaf(0, log2 e, x) is x: a zero block's P is the same
             exponent = fmaf(bias[4 * (j % kWindow) + e], kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
@@ -392,7 +395,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
           }
           s[4 * j + e] = prob;
         }
-        if (has_mask && j + kWindow < kQTiles) {
+        if (masked && j + kWindow < kQTiles) {
           load_bias(j + kWindow);
         }
       }

@@ -223,38 +223,57 @@ Kernel* for_score_args(const AttentionProblem& p, Kernel* none, Kernel* mask, Ke
 // The side of the square tiles of AttentionProblem::hidden_tiles: a divisor of every
 // tensor-core kernel's blocks of rows and keys.
 constexpr int kHiddenTile = 64;
+// The kinds of tile in that map (also the bits of *any_hidden).
+constexpr uint8_t kHiddenTileHidden = 1;  // every entry -inf
+constexpr uint8_t kHiddenTileZero = 2;    // every entry 0
 
 // Whether the kernel should look blocks up in the map at all: one load per CTA, so that a mask
 // that hides no tile (most float masks) costs no lookup per block.
 __device__ __forceinline__ bool skips_hidden_blocks(const AttentionProblem& p) {
-  return p.hidden_tiles != nullptr && *p.any_hidden != 0;
+  return p.hidden_tiles != nullptr && (*p.any_hidden & kHiddenTileHidden) != 0;
+}
+// The same for blocks of zero tiles, whose mask entries the kernels need not read.
+__device__ __forceinline__ bool skips_zero_blocks(const AttentionProblem& p) {
+  return p.hidden_tiles != nullptr && (*p.any_hidden & kHiddenTileZero) != 0;
 }
 
 // Whether the mask hides every score of rows [row0, row0 + rows) x keys [key0, key0 + keys) of
 // batch item b (row0 and key0 multiples of kHiddenTile; the ranges end at L and S): a block the
 // kernels can skip, as its probabilities are all 0. Only where skips_hidden_blocks. Uniform
 // when its arguments are.
-__device__ __forceinline__ bool hidden_block(const AttentionProblem& p, int64_t b, int64_t row0,
-                                             int rows, int64_t key0, int keys) {
+__device__ __forceinline__ bool block_of_tiles(const AttentionProblem& p, int64_t b,
+                                               int64_t row0, int rows, int64_t key0, int keys,
+                                               uint8_t kind) {
   const uint8_t* const tiles = p.hidden_tiles + (b / p.heads) * p.hidden_stride_outer +
                                (b % p.heads) * p.hidden_stride_head;
   const int64_t row_end = min64(row0 + rows, p.len_q), key_end = min64(key0 + keys, p.len_kv);
   for (int64_t r = row0; r < row_end; r += kHiddenTile) {
     for (int64_t k = key0; k < key_end; k += kHiddenTile) {
-      if (!tiles[(r / kHiddenTile) * p.hidden_stride_row +
-                 (k / kHiddenTile) * p.hidden_stride_col]) {
+      if (tiles[(r / kHiddenTile) * p.hidden_stride_row + (k / kHiddenTile) * p.hidden_stride_col] !=
+          kind) {
         return false;
       }
     }
   }
   return true;
 }
+__device__ __forceinline__ bool hidden_block(const AttentionProblem& p, int64_t b, int64_t row0,
+                                             int rows, int64_t key0, int keys) {
+  return block_of_tiles(p, b, row0, rows, key0, keys, kHiddenTileHidden);
+}
+// Whether every entry of the mask in that block is 0 (its scores are the unmasked ones). Only
+// where skips_zero_blocks.
+__device__ __forceinline__ bool zero_block(const AttentionProblem& p, int64_t b, int64_t row0,
+                                           int rows, int64_t key0, int keys) {
+  return block_of_tiles(p, b, row0, rows, key0, keys, kHiddenTileZero);
+}
 
-// The map itself: hidden[tile] = 1 when every entry of that tile of the mask is -inf. Tiles are
+// The map itself: hidden[tile] = 1 when every entry of that tile of the mask is -inf, 2 when
+// every one is 0 (either sign), else 0. Tiles are
 // tile_rows x tile_keys (kHiddenTile, or 1 along a dimension the mask broadcasts), numbered
 // (outer, head, row tile, key tile) row-major; the mask is read through its strides, one block
-// per tile (consecutive threads on consecutive keys). *any_hidden (zeroed before) becomes
-// nonzero when some tile is hidden.
+// per tile (consecutive threads on consecutive keys). *any_hidden (zeroed before) gets bit 0
+// when some tile is hidden, bit 1 when some tile is zero.
 __global__ void __launch_bounds__(256)
     hidden_tiles_kernel(const float* __restrict__ mask, const int64_t stride_outer,
                         const int64_t stride_head, const int64_t stride_row,
@@ -267,19 +286,23 @@ __global__ void __launch_bounds__(256)
     const int64_t slice = tile / (key_tiles * row_tiles);
     const float* const base =
         mask + (slice / heads) * stride_outer + (slice % heads) * stride_head;
-    bool all_hidden = true;
+    bool all_hidden = true, all_zero = true;
     for (int i = static_cast<int>(threadIdx.x); i < tile_rows * tile_keys; i += blockDim.x) {
       const int64_t row = row_tile * tile_rows + i / tile_keys;
       const int64_t key = key_tile * tile_keys + i % tile_keys;
       if (row < rows && key < keys) {
-        all_hidden = all_hidden && base[row * stride_row + key * stride_col] == -INFINITY;
+        const float entry = base[row * stride_row + key * stride_col];
+        all_hidden = all_hidden && entry == -INFINITY;
+        all_zero = all_zero && entry == 0.f;
       }
     }
     all_hidden = __syncthreads_and(all_hidden);
+    all_zero = __syncthreads_and(all_zero);
     if (threadIdx.x == 0) {
-      hidden[tile] = all_hidden ? 1 : 0;
-      if (all_hidden) {
-        atomicOr(any_hidden, 1);
+      const uint8_t kind = all_hidden ? kHiddenTileHidden : all_zero ? kHiddenTileZero : 0;
+      hidden[tile] = kind;
+      if (kind != 0) {
+        atomicOr(any_hidden, kind);
       }
     }
   }

@@ -6,7 +6,9 @@
 //
 // The mask in shared memory: per key block, kBlockN / 32 boxes of kBlockM rows x 32 keys (128
 // bytes a row, 16 KB a box, each 1024-byte aligned), written by TMA with the 128-byte swizzle
-// (16-byte chunk c of row r at chunk c ^ (r & 7)). A lane reads its two keys of a row as one
+// (16-byte chunk c of row r at chunk c ^ (r & 7)). Blocks whose entries are all 0 (the map of
+// hidden tiles says so: most of a mask made from bools) are neither loaded nor read: their
+// scores are only scaled. A lane reads its two keys of a row as one
 // 8-byte load; the 8 rows x 4 lanes of a warp's load then cover all 32 banks twice, the fewest
 // wavefronts for 256 bytes. A mask broadcast over rows (key padding: (B, 1, 1, S)) is loaded as
 // boxes of one row, which every row reads.
@@ -84,6 +86,23 @@ __device__ __forceinline__ void add_mask_tile(float (&s)[F::kNTiles * 4], uint32
       float& s1 = s[4 * j + 2 * h + 1];
       s0 = row_inside ? fmaf(s0, mask_scale, entry.x * kLog2e) : -INFINITY;
       s1 = row_inside ? fmaf(s1, mask_scale, entry.y * kLog2e) : -INFINITY;
+    }
+  }
+}
+
+// The same for a block whose mask entries are all 0 (zero_block): the scaled scores, none read.
+template <class F>
+__device__ __forceinline__ void scale_unmasked(float (&s)[F::kNTiles * 4], int first_row,
+                                               int64_t rows_left, float mask_scale) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const bool row_inside = first_row + 8 * h < rows_left;
+#pragma unroll
+    for (int j = 0; j < F::kNTiles; ++j) {
+      float& s0 = s[4 * j + 2 * h];
+      float& s1 = s[4 * j + 2 * h + 1];
+      s0 = row_inside ? s0 * mask_scale : -INFINITY;  // fmaf(s, c, 0): the same bits
+      s1 = row_inside ? s1 * mask_scale : -INFINITY;
     }
   }
 }

@@ -179,6 +179,8 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
   const int64_t row_blocks = ceil_div(p.len_q, F::kBlockM);
   const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
   const bool skips = kArgs != kNoArgs && skips_hidden_blocks(p);
+  const bool skips_zero = has_mask && skips_zero_blocks(p);
+  uint32_t mask_pipe = 0;  // mask tiles loaded so far: the mask ring's position
   uint32_t pipe = 0;  // key blocks loaded so far, over all items: the ring's position
   for (uint32_t round = 0;; ++round) {
     const int64_t item = scheduled_item(round);
@@ -208,12 +210,13 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
                     kv_item, bar.k_full(stage));
       }
       if constexpr (kArgs != kNoArgs && F::kMaskStages > 0) {
-        if (has_mask) {  // the mask's ring: the same position, its own number of stages
-          const uint32_t mask_stage = pipe % F::kMaskStages;
-          mbarrier_wait(bar.mask_empty(mask_stage), ((pipe / F::kMaskStages) & 1) ^ 1);
+        if (has_mask && !(skips_zero && zero_block(p, w.b, w.m0, F::kBlockM, key0, F::kBlockN))) {
+          const uint32_t mask_stage = mask_pipe % F::kMaskStages;
+          mbarrier_wait(bar.mask_empty(mask_stage), ((mask_pipe / F::kMaskStages) & 1) ^ 1);
           mbarrier_arrive_expect_tx(bar.mask_full(mask_stage), mask_block_bytes<F>(p));
           load_mask_block<F>(mask_map, mask_tiles + mask_stage * F::kMaskBytes, p, w.b, w.m0,
                              key0, bar.mask_full(mask_stage));
+          ++mask_pipe;
         }
       }
       mbarrier_wait(bar.v_empty(stage), parity ^ 1);
@@ -392,6 +395,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   const bool has_mask = kArgs != kNoArgs && F::kMaskStages > 0 && p.mask != nullptr;
   const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
   const bool skips = kArgs != kNoArgs && skips_hidden_blocks(p);
+  const bool skips_zero = has_mask && skips_zero_blocks(p);
   const float unit = has_mask ? 1.f : scale_log2;
   const float mask_scale = fabsf(p.scale) * kLog2e;
   const bool mask_rows_vary = p.mask_stride_row != 0;
@@ -411,7 +415,8 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   if (F::kPingPong && consumer == 1) {
     named_barrier_arrive(1, kTurnThreads);  // consumer 0 issues first
   }
-  uint32_t pipe = 0;  // key blocks consumed so far, over all items: the rings' position
+  uint32_t pipe = 0;       // key blocks consumed so far, over all items: the K/V rings' position
+  uint32_t mask_pipe = 0;  // mask tiles consumed so far: the mask ring's
   for (uint32_t round = 0;; ++round) {
     const int64_t item = scheduled_item(round);
     if (item >= p.batch * row_blocks) {
@@ -430,21 +435,29 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
     uint32_t p_frag[kBlockN / 16][4];
     uint32_t kept[2][kNTiles / 4];
     // S_j's scores once its product is done: negated for a negative scale (exactly what
-    // flash_forward_sm90.cuh's negated Q gives), then the block's mask added.
-    const auto take_scores = [&](uint32_t at) {
+    // flash_forward_sm90.cuh's negated Q gives), then the block's mask added (scaled only where
+    // the block's entries are all 0: the producer loaded none).
+    const auto take_scores = [&](int block) {
       if (negate) {
 #pragma unroll
         for (int i = 0; i < kNTiles * 4; ++i) {
           s[i] = -s[i];
         }
       }
-      if (has_mask) {
-        const uint32_t mask_stage = at % kMaskRing;
-        mbarrier_wait(bar.mask_full(mask_stage), (at / kMaskRing) & 1);
-        add_mask_tile<F>(s, mask_tiles + mask_stage * F::kMaskBytes, r.warp_row0 + r.g, r.t,
-                         mask_rows_vary, L - w.m0, mask_scale);
-        release(bar.mask_empty(mask_stage), lane);
+      if (!has_mask) {
+        return;
       }
+      const int64_t n0 = static_cast<int64_t>(block) * kBlockN;
+      if (skips_zero && zero_block(p, w.b, w.m0, kBlockM, n0, kBlockN)) {
+        scale_unmasked<F>(s, r.warp_row0 + r.g, L - w.m0, mask_scale);
+        return;
+      }
+      const uint32_t mask_stage = mask_pipe % kMaskRing;
+      mbarrier_wait(bar.mask_full(mask_stage), (mask_pipe / kMaskRing) & 1);
+      add_mask_tile<F>(s, mask_tiles + mask_stage * F::kMaskBytes, r.warp_row0 + r.g, r.t,
+                       mask_rows_vary, L - w.m0, mask_scale);
+      release(bar.mask_empty(mask_stage), lane);
+      ++mask_pipe;
     };
     const auto draw = [&](int block) {  // dropout's bits, while the products run
       if (has_dropout) {
@@ -473,7 +486,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       if (following >= w.n_blocks) {
         release(bar.q_empty(), lane);  // the item's last read of Q
       }
-      take_scores(pipe);
+      take_scores(block);
       // O is 0: nothing to rescale.
       softmax_step<F>(s, r, rescale, block, p, unit, kept, has_dropout, keep_scale);
       pack_p<T, F>(p_frag, s);
@@ -503,7 +516,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
         if (following >= w.n_blocks) {
           release(bar.q_empty(), lane);
         }
-        take_scores(pipe);
+        take_scores(block);
         const bool grew =
             softmax_step<F>(s, r, rescale, block, p, unit, kept, has_dropout, keep_scale);
         wgmma_wait_group<0>();  // P_(j-1) V_(j-1) done: O may be rescaled, V's buffer reused
