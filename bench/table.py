@@ -152,7 +152,13 @@ def _kata_table(rows, report) -> list[str]:
     return lines + notes.lines() + _sdpa_ran(report, "kata float32")
 
 
-_BACKEND_NAMES = {"flash": "flash", "efficient": "efficient", "cudnn": "cuDNN", "math": "math"}
+_BACKEND_NAMES = {
+    "flash": "flash",
+    "efficient": "efficient",
+    "cudnn": "cuDNN",
+    "math": "math",
+    "default": "default",
+}
 
 
 def _args_table(rows, report) -> list[str]:
@@ -166,7 +172,7 @@ def _args_table(rows, report) -> list[str]:
         + ", ".join(f"B={batch} at S={seq}" for seq, batch in batches.items())
         + ": ms per call (fixed's TFLOP/s)",
         "  x/fixed: SDPA's time over fixed's (over 1: fixed is faster); best: SDPA's fastest "
-        "backend that took the call",
+        "backend that took the call, forced, or its default where that was faster",
         f"  {'case':<12}{'D':>4}{'S':>6}  {'pass':<9}{'fixed':<21}{'SDPA default':<15}"
         f"{'default/fixed':<14}{'SDPA best':<24}best/fixed",
     ]
