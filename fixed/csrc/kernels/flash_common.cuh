@@ -249,8 +249,9 @@ __device__ __forceinline__ bool block_of_tiles(const AttentionProblem& p, int64_
   const int64_t row_end = min64(row0 + rows, p.len_q), key_end = min64(key0 + keys, p.len_kv);
   for (int64_t r = row0; r < row_end; r += kHiddenTile) {
     for (int64_t k = key0; k < key_end; k += kHiddenTile) {
-      if (tiles[(r / kHiddenTile) * p.hidden_stride_row + (k / kHiddenTile) * p.hidden_stride_col] !=
-          kind) {
+      const int64_t tile =
+          (r / kHiddenTile) * p.hidden_stride_row + (k / kHiddenTile) * p.hidden_stride_col;
+      if (tiles[tile] != kind) {
         return false;
       }
     }

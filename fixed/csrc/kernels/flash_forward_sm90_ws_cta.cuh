@@ -5,8 +5,8 @@
 //
 // ---------------------------------------------------------------------------------- roles
 // One CTA per SM, persistent: in round r CTA c takes work item r G + c (G CTAs; odd rounds
-// reversed, scheduled_item), an item being 128 query rows of one batch item, numbered in
-// flash_forward_sm90.cuh's order. A producer warpgroup and kConsumers (2 or 3) consumer
+// reversed, scheduled_item), an item being kBlockM (128 or 192) query rows of one batch item,
+// numbered in flash_forward_sm90.cuh's order. A producer warpgroup and kConsumers (2 or 3) consumer
 // warpgroups (384 or 512 threads):
 //   producer (warpgroup 0, one thread): TMA loads of Q (once per item) and of K, V and the
 //     mask's tile (per key block; blocks the mask hides entirely are skipped) into shared memory,
