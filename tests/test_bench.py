@@ -330,11 +330,12 @@ def test_relative_error_of_a_non_finite_result_is_infinite():
     assert cases.relative_error(reference * 1.01, reference) == pytest.approx(0.01)
 
 
-def test_a_slow_first_call_alone_does_not_skip_the_row(cpu_bench):
-    """One-time work in the first call (cuDNN plans, lazy loading) is not the row's speed."""
+def measure_with_a_slow_first_call(cpu_bench, max_call_s: float, first_call_s: float) -> dict:
+    """A row measured whose first call alone sleeps first_call_s (one-time work: cuDNN's plans,
+    lazy loading), under --max-call max_call_s."""
     settings, impls = cpu_bench
     runner = timing.Bench(settings, log=lambda text: None)
-    runner.s = cases.Settings(**{**vars(settings), "max_call_s": 0.2})
+    runner.s = cases.Settings(**{**vars(settings), "max_call_s": max_call_s})
     row = cases.new_row("llm", impls.sdpa, (1, 1, 8, 16), torch.float32, False, "fwd")
     sets = runner.input_sets([(1, 1, 8, 16)] * 3, torch.float32)
     calls = []
@@ -342,31 +343,26 @@ def test_a_slow_first_call_alone_does_not_skip_the_row(cpu_bench):
     def call(i):
         calls.append(i)
         if len(calls) == 1:
-            time.sleep(0.3)  # over --max-call, once
+            time.sleep(first_call_s)
         return backends.sdpa(*sets[i % len(sets)])
 
     runner.measure(row, call, len(sets), None, "key")
+    return row
+
+
+def test_a_slow_first_call_alone_does_not_skip_the_row(cpu_bench):
+    """One-time work in the first call (cuDNN plans, lazy loading) is not the row's speed."""
+    row = measure_with_a_slow_first_call(cpu_bench, max_call_s=0.2, first_call_s=0.3)
     assert row["status"] == "ok" and row["median_ms"] is not None, row  # timed, not skipped
 
 
 def test_a_slow_first_call_does_not_set_the_number_of_runs(cpu_bench):
     """A first call slow enough to count as warm-up (cuDNN building its plans) but under
     --max-call: the row's runs follow the later calls' speed (its budget's worth), not its."""
-    settings, impls = cpu_bench
-    runner = timing.Bench(settings, log=lambda text: None)
-    runner.s = cases.Settings(**{**vars(settings), "max_call_s": 5.0})
-    row = cases.new_row("llm", impls.sdpa, (1, 1, 8, 16), torch.float32, False, "fwd")
-    sets = runner.input_sets([(1, 1, 8, 16)] * 3, torch.float32)
-    calls = []
-
-    def call(i):
-        calls.append(i)
-        if len(calls) == 1:
-            time.sleep(1.2 * cases.NO_WARMUP_MS / 1e3)
-        return backends.sdpa(*sets[i % len(sets)])
-
-    runner.measure(row, call, len(sets), None, "key")
-    assert row["status"] == "ok" and row["runs"] == settings.max_runs, row
+    row = measure_with_a_slow_first_call(
+        cpu_bench, max_call_s=5.0, first_call_s=1.2 * cases.NO_WARMUP_MS / 1e3
+    )
+    assert row["status"] == "ok" and row["runs"] == cpu_bench[0].max_runs, row
 
 
 def test_llm_table_shows_fixed_over_cudnn(cpu_bench):
