@@ -10,8 +10,9 @@ at 64 or 128, whichever holds them (perf/NOTES.md).
 Each (case, S, D, pass) has three rows: fixed, SDPA's default (what a caller gets) and "SDPA
 best" (what SDPA can do with those arguments): the fastest of its default and of its flash,
 efficient and cuDNN backends, each forced by sdpa_kernel, that takes the call (math when none
-does). The default is a candidate because forcing costs a context manager per call: on an H100
-the forced cuDNN row ran 0.15-0.42 ms per batch where the default, the same kernel, held 0.16.
+does). The default is a candidate because a forced backend can be the slower of the two: on an
+H100 the forced cuDNN row ran 0.15-0.42 ms per batch where the default, the same kernel, held
+0.16 (forcing enters a context manager on every call, the likely cause; not measured alone).
 Refusals are no error: the best row's `backends` gives each backend tried, its time or why not,
 and `backend` the winner ("default" where SDPA's own choice was the fastest). ratio_to_sdpa
 and ratio_to_best: the default's and the best's time over the row's.

@@ -246,9 +246,9 @@ def _reference_chunks(flat, grad, causal, chunk, outs, grads) -> None:
 
 
 # ratio_to_cudnn's bar is the faster of the cuDNN backend forced and SDPA's default, which on
-# Hopper runs the same cuDNN kernel: forcing it costs a context manager per call, and on an H100
-# the forced row was the slower, unsteady one at S = 2048 (0.165-0.190 ms per batch against the
-# default's 0.152-0.153, D = 64): a bar that flattered fixed.
+# Hopper runs the same cuDNN kernel: on an H100 the forced row was the slower, unsteady one at
+# S = 2048 (0.165-0.190 ms per batch against the default's 0.152-0.153, D = 64), a bar that
+# flattered fixed (forcing enters a context manager on every call: the likely cause).
 LLM_BARS = {"ratio_to_flash": ("sdpa flash",), "ratio_to_cudnn": ("sdpa cudnn", "sdpa")}
 
 
