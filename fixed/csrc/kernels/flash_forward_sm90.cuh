@@ -158,7 +158,6 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   const float keep_scale = dropout_scale(p.dropout_p);
   const uint32_t keep_threshold = dropout::threshold(p.dropout_p);
   const int slot = 2 * (g & 1) + (t & 1);  // the lane's place among those sharing Philox blocks
-  constexpr bool kDropoutArgs = kArgs == kMaskAndDropout;
   static_assert(kNTiles % 4 == 0, "dropout's Philox blocks span four n-tiles' keys");
   const bool mask_pairs = has_mask && mask_in_pairs(p);
   const bool skips = kArgs != kNoArgs && skips_hidden_blocks(p);
@@ -211,13 +210,11 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
     }
 
     float o[kDTiles * 4];
-    float row_max[2], row_sum[2];  // rows g and g + 8 of the warp
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) {
       o[i] = 0.f;
     }
-    row_max[0] = row_max[1] = -INFINITY;
-    row_sum[0] = row_sum[1] = 0.f;
+    sm90_ws::Rows rows{m0, warp_row0, g, t, {-INFINITY, -INFINITY}, {0.f, 0.f}};
 
     for (int it = 0; block < n_blocks; ++it) {
       const uint32_t buffer = static_cast<uint32_t>(it & 1) * kKVBytes;
@@ -252,7 +249,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
       // Dropout's keep bits for this block, drawn while the product runs (the Philox rounds
       // are otherwise a serial chain the softmax waits on): kept[h][jq] bit 2 jj + c is key
       // 8 (4 jq + jj) + 2 t + c of row g + 8 h.
-      uint32_t kept[2][kDropoutArgs ? kNTiles / 4 : 1];
+      uint32_t kept[2][kNTiles / 4];
       if (has_dropout) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -299,60 +296,11 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
                                 m0 + warp_row0 + g + 8 * h < L, false, mask_scale);
         }
       }
-      // Masks, only where a key block crosses the end of the keys or (causal) the diagonal.
-      const bool tail = n0 + kBlockN > S;
-      const bool diagonal = p.causal && n0 + kBlockN - 1 > m0 + warp_row0;
-      if (tail || diagonal) {
-        const int key_limit = static_cast<int>(min64(S - n0, kBlockN));
-        // Key column c of row r (of the warp) is visible while c <= diag + r; clamped to int.
-        int64_t diag = p.causal ? m0 + warp_row0 - n0 : kBlockN;
-        diag = diag > kBlockN ? kBlockN : diag < -kBlockM ? -kBlockM : diag;
-#pragma unroll
-        for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = g + 8 * (e >> 1);
-            const int col = 8 * j + 2 * t + (e & 1);
-            if (col >= key_limit || col > static_cast<int>(diag) + row) {
-              s[4 * j + e] = -INFINITY;
-            }
-          }
-        }
-      }
-
-      // Online softmax on raw scores (flash_forward.cuh): rows g (h = 0) and g + 8 (h = 1).
+      // Masks where the block crosses the end of the keys or (causal) the diagonal, then the
+      // online softmax on raw scores (flash_forward.cuh's): the warp-specialized kernel's step.
       float rescale[2];
-      bool grew = false;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float block_max = row_max[h];
-#pragma unroll
-        for (int j = 0; j < kNTiles; ++j) {
-          block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-        }
-        block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
-        block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
-        // A row with every key so far masked keeps max -inf: its probabilities are 2^-inf = 0.
-        const float max_log2 = block_max == -INFINITY ? 0.f : block_max * unit;
-        const bool same = block_max == row_max[h];
-        grew = grew || !same;
-        rescale[h] = same ? 1.f : exp2_approx(fmaf(row_max[h], unit, -max_log2));
-        row_max[h] = block_max;
-        float sum = 0.f;  // of the undropped probabilities: lse is the undropped softmax's
-#pragma unroll
-        for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], unit, -max_log2));
-            sum += prob;
-            s[4 * j + 2 * h + c] =
-                has_dropout ? prob * dropout_factor(kept[h][kDropoutArgs ? j / 4 : 0],
-                                                    2 * (j % 4) + c, keep_scale)
-                            : prob;
-          }
-        }
-        row_sum[h] = row_sum[h] * rescale[h] + sum;
-      }
+      const bool grew = sm90_ws::softmax_step<F>(s, rows, rescale, block, p, unit, kept,
+                                                 has_dropout, keep_scale);
       if (__any_sync(kFullMask, grew)) {  // exact: the factor is 1 for rows that did not grow
 #pragma unroll
         for (int j = 0; j < kDTiles; ++j) {
@@ -395,7 +343,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
     // O / rowsum straight to global memory (each warp writes whole rows), lse.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float sum = row_sum[h];
+      float sum = rows.row_sum[h];
       sum += __shfl_xor_sync(kFullMask, sum, 1);
       sum += __shfl_xor_sync(kFullMask, sum, 2);
       const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
@@ -408,7 +356,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
               pack2<T>(o[4 * j + 2 * h] * inv_sum, o[4 * j + 2 * h + 1] * inv_sum);
         }
         if (t == 0) {
-          lse[b * L + row] = sum > 0.f ? row_max[h] * unit * kLn2 + logf(sum) : -INFINITY;
+          lse[b * L + row] = sum > 0.f ? rows.row_max[h] * unit * kLn2 + logf(sum) : -INFINITY;
         }
       }
     }

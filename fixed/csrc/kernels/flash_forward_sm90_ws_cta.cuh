@@ -166,6 +166,83 @@ __device__ __forceinline__ int next_visible(const AttentionProblem& p, const Wor
   return block;
 }
 
+// One warp's rows of the item (a consumer's here, a warpgroup's in flash_forward_sm90.cuh):
+// where they start, and the online softmax's state.
+struct Rows {
+  int64_t m0;     // the item's first query row
+  int warp_row0;  // this warp's first row in the item
+  int g, t;       // fragment row (groupID) and column pair (threadID_in_group)
+  float row_max[2], row_sum[2];  // rows g and g + 8 of the warp
+};
+
+// The scores of key block `block` (in s: raw, or scaled and masked where there is a mask) to
+// probabilities: the online softmax step of both Hopper forwards (flash_forward_sm90.cuh's
+// kernel calls it too, so that their bits agree by construction): masks where the block crosses the
+// end of the keys or (causal) the diagonal, the new row maxima, the rescale of rows whose maximum
+// grew (1 for the others), the row sums (of the undropped probabilities), dropout's factors
+// (has_dropout: kept holds the block's keep bits). `unit`: c = |scale| log2(e) for raw scores, 1
+// for masked ones. Returns whether some row of this thread grew.
+template <class F>
+__device__ __forceinline__ bool softmax_step(float (&s)[F::kNTiles * 4], Rows& r,
+                                             float (&rescale)[2], int block,
+                                             const AttentionProblem& p, float unit,
+                                             const uint32_t (&kept)[2][F::kNTiles / 4],
+                                             bool has_dropout, float keep_scale) {
+  constexpr int kBlockM = F::kBlockM, kBlockN = F::kBlockN, kNTiles = F::kNTiles;
+  constexpr unsigned kFullMask = 0xffffffffu;
+  const int64_t n0 = static_cast<int64_t>(block) * kBlockN;
+  const bool tail = n0 + kBlockN > p.len_kv;
+  const bool diagonal = p.causal && n0 + kBlockN - 1 > r.m0 + r.warp_row0;
+  if (tail || diagonal) {
+    const int key_limit = static_cast<int>(min64(p.len_kv - n0, kBlockN));
+    // Key column c of row i (of the warp) is visible while c <= diag + i; clamped to int.
+    int64_t diag = p.causal ? r.m0 + r.warp_row0 - n0 : kBlockN;
+    diag = diag > kBlockN ? kBlockN : diag < -kBlockM ? -kBlockM : diag;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = r.g + 8 * (e >> 1);
+        const int col = 8 * j + 2 * r.t + (e & 1);
+        if (col >= key_limit || col > static_cast<int>(diag) + row) {
+          s[4 * j + e] = -INFINITY;
+        }
+      }
+    }
+  }
+  bool grew = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float block_max = r.row_max[h];
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    }
+    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
+    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
+    // A row with every key so far masked keeps max -inf: its probabilities are 2^-inf = 0.
+    const float max_log2 = block_max == -INFINITY ? 0.f : block_max * unit;
+    const bool same = block_max == r.row_max[h];
+    grew = grew || !same;
+    rescale[h] = same ? 1.f : exp2_approx(fmaf(r.row_max[h], unit, -max_log2));
+    r.row_max[h] = block_max;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], unit, -max_log2));
+        sum += prob;
+        s[4 * j + 2 * h + c] =
+            has_dropout ? prob * dropout_factor(kept[h][j / 4], 2 * (j % 4) + c, keep_scale)
+                        : prob;
+      }
+    }
+    r.row_sum[h] = r.row_sum[h] * rescale[h] + sum;
+  }
+  return grew;
+}
+
 #if FIXED_HAS_TENSOR_MAPS
 // The producer: one thread issues every load. Q once per item; per key block that the mask
 // leaves visible K, its mask tile (kArgs, with a mask) and V.
@@ -268,81 +345,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[F::kDTiles * 4],
     }
   }
   wgmma_commit_group();
-}
-
-// One consumer warp's rows of the item: where they start, and the online softmax's state.
-struct Rows {
-  int64_t m0;     // the item's first query row
-  int warp_row0;  // this warp's first row in the item
-  int g, t;       // fragment row (groupID) and column pair (threadID_in_group)
-  float row_max[2], row_sum[2];  // rows g and g + 8 of the warp
-};
-
-// The scores of key block `block` (in s: raw, or scaled and masked where there is a mask) to
-// probabilities, flash_forward_sm90.cuh's online softmax step: masks where the block crosses the
-// end of the keys or (causal) the diagonal, the new row maxima, the rescale of rows whose maximum
-// grew (1 for the others), the row sums (of the undropped probabilities), dropout's factors
-// (has_dropout: kept holds the block's keep bits). `unit`: c = |scale| log2(e) for raw scores, 1
-// for masked ones. Returns whether some row of this thread grew.
-template <class F>
-__device__ __forceinline__ bool softmax_step(float (&s)[F::kNTiles * 4], Rows& r,
-                                             float (&rescale)[2], int block,
-                                             const AttentionProblem& p, float unit,
-                                             const uint32_t (&kept)[2][F::kNTiles / 4],
-                                             bool has_dropout, float keep_scale) {
-  constexpr int kBlockM = F::kBlockM, kBlockN = F::kBlockN, kNTiles = F::kNTiles;
-  constexpr unsigned kFullMask = 0xffffffffu;
-  const int64_t n0 = static_cast<int64_t>(block) * kBlockN;
-  const bool tail = n0 + kBlockN > p.len_kv;
-  const bool diagonal = p.causal && n0 + kBlockN - 1 > r.m0 + r.warp_row0;
-  if (tail || diagonal) {
-    const int key_limit = static_cast<int>(min64(p.len_kv - n0, kBlockN));
-    // Key column c of row i (of the warp) is visible while c <= diag + i; clamped to int.
-    int64_t diag = p.causal ? r.m0 + r.warp_row0 - n0 : kBlockN;
-    diag = diag > kBlockN ? kBlockN : diag < -kBlockM ? -kBlockM : diag;
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = r.g + 8 * (e >> 1);
-        const int col = 8 * j + 2 * r.t + (e & 1);
-        if (col >= key_limit || col > static_cast<int>(diag) + row) {
-          s[4 * j + e] = -INFINITY;
-        }
-      }
-    }
-  }
-  bool grew = false;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float block_max = r.row_max[h];
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-      block_max = fmaxf(block_max, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-    }
-    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
-    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
-    // A row with every key so far masked keeps max -inf: its probabilities are 2^-inf = 0.
-    const float max_log2 = block_max == -INFINITY ? 0.f : block_max * unit;
-    const bool same = block_max == r.row_max[h];
-    grew = grew || !same;
-    rescale[h] = same ? 1.f : exp2_approx(fmaf(r.row_max[h], unit, -max_log2));
-    r.row_max[h] = block_max;
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float prob = exp2_approx(fmaf(s[4 * j + 2 * h + c], unit, -max_log2));
-        sum += prob;
-        s[4 * j + 2 * h + c] =
-            has_dropout ? prob * dropout_factor(kept[h][j / 4], 2 * (j % 4) + c, keep_scale)
-                        : prob;
-      }
-    }
-    r.row_sum[h] = r.row_sum[h] * rescale[h] + sum;
-  }
-  return grew;
 }
 
 // P's A fragment for keys 16 kk .. 16 kk + 15: S's n-tiles 2 kk and 2 kk + 1 in pairs.
