@@ -1,10 +1,10 @@
 """fixed/'s tensor-core backward (fixed/csrc/kernels/flash_backward.cuh: mma.sync, bf16 and fp16,
 head dims 64 and 128; on compute capability 9.0 flash_backward_sm90.cuh, wgmma, with the same
 prologue and dq kernels) on a GPU: dQ, dK and dV against the float64 reference and against the
-generic float32 kernels, ragged lengths around the 64-query and 128-key blocks, L != S both ways,
-causal, views, negative scales, misaligned inputs, which kernels ran, and compute-sanitizer.
-Every test needs CUDA and skips, saying so, without it. Inputs are fresh each run;
-FLASH_SEED=<seed> replays a failure."""
+float32 kernels (the generic backward), ragged lengths around the 64-query and 128-key blocks,
+L != S both ways, causal, views, negative scales, misaligned inputs, which kernels ran, and
+compute-sanitizer. Every test needs CUDA and skips, saying so, without it. Inputs are fresh each
+run; FLASH_SEED=<seed> replays a failure."""
 
 from __future__ import annotations
 
@@ -118,8 +118,9 @@ def test_gradients_match_reference(fixed, seed, dtype, head_dim, causal):
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_gradients_match_the_generic_float32_kernels(fixed, seed, dtype, head_dim, causal):
-    """The same inputs upcast to float32 take the generic kernels (fp32 on CUDA cores): the
-    tensor-core gradients must agree with them within the half-precision tolerance."""
+    """The same inputs upcast to float32 take the generic backward kernels (fp32 on CUDA cores,
+    after the 3xTF32 forward): the tensor-core gradients must agree with them within the
+    half-precision tolerance."""
     generator = torch.Generator().manual_seed(seed)
     scale = 0.7 / math.sqrt(head_dim)
     for lead, len_q, len_kv in [((2, 8), 300, 300), ((3,), 200, 77), ((1,), 77, 520)]:
@@ -139,7 +140,7 @@ def test_long_causal_batches_in_batch_major_order(fixed, seed):
     """Causal work goes longest first over the grid only while the streamed tensors (K and V
     forward, Q and dO backward) fit in about 3 L2 sizes (flash_common.cuh, longest_first_pays);
     the cases above all do. This one streams 4 L2 sizes, so both launchers take batch-major
-    order: output and gradients must agree with the generic float32 kernels there too."""
+    order: output and gradients must agree with the float32 kernels there too."""
     generator = torch.Generator().manual_seed(seed)
     head_dim, length = 128, 8192
     l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size

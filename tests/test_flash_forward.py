@@ -1,8 +1,9 @@
 """fixed/'s tensor-core forwards (bf16 and fp16, head dims 64 and 128: fixed/csrc/kernels/
-flash_forward.cuh, mma.sync; on compute capability 9.0 flash_forward_sm90.cuh, wgmma) on a
-GPU: output and logsumexp against the float64 reference, against the generic
-float32 kernel, ragged lengths, L != S, causal, non-contiguous and misaligned inputs, that the
-kernel is the one that ran (and on Hopper that its image has wgmma), and compute-sanitizer.
+flash_forward.cuh, mma.sync; on compute capability 9.0 flash_forward_sm90.cuh, wgmma; float32:
+flash_forward_f32.cuh, 3xTF32) on a GPU: output and logsumexp against the float64 reference,
+half precision against the float32 kernel, ragged lengths, L != S, causal, non-contiguous and
+misaligned inputs, that the kernel is the one that ran (and on Hopper that its image has wgmma),
+and compute-sanitizer.
 Every test needs CUDA and skips, saying so, without it. Inputs are fresh each run;
 FLASH_SEED=<seed> replays a failure."""
 
@@ -41,7 +42,8 @@ except ImportError:  # pytest-check may be missing on the GPU machine: stop at t
 
 pytestmark = NEEDS_CUDA
 
-DTYPES = [torch.bfloat16, torch.float16]
+HALF_DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = [*HALF_DTYPES, torch.float32]  # float32: 3xTF32, held to float32's tolerance
 HEAD_DIMS = [64, 128]  # the head dims the tensor-core kernel covers
 LSE_TOLERANCE = 1e-5  # on |lse - ref| / (1 + |ref|): fp32 softmax statistics
 # (leading dims, L, S): lengths around the 64- and 128-row tiles, L == S and L != S both ways,
@@ -64,6 +66,7 @@ FLASH_KERNEL = "flash_forward_kernel"  # mma.sync
 # with them the wgmma kernel (flash_forward_sm90.cuh).
 SM90_KERNEL = "flash_forward_sm90_ws_kernel"
 SM90_ARGS_KERNEL = "flash_forward_sm90_kernel"
+F32_KERNEL = "flash_forward_f32_kernel"  # float32, on every device with sm_80+
 
 
 fixed = pytest.fixture(fixed_with_cuda_kernels, scope="module", name="fixed")
@@ -113,11 +116,11 @@ def test_forward_matches_reference(fixed, seed, dtype, head_dim, causal):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_forward_matches_the_generic_float32_kernel(fixed, seed, dtype, head_dim, causal):
-    """The same inputs upcast to float32 take the generic kernel (fp32 on CUDA cores): the
-    tensor-core result must agree with it within the half-precision tolerance, and the
-    logsumexp (fp32 statistics in both) much more tightly."""
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=dtype_id)
+def test_forward_matches_the_float32_kernel(fixed, seed, dtype, head_dim, causal):
+    """The same inputs upcast to float32 take the float32 kernel (3xTF32, held to float32's
+    tolerance above): the half-precision result must agree with it within its own tolerance, and
+    the logsumexp (fp32 statistics in both) much more tightly."""
     generator = torch.Generator().manual_seed(seed)
     scale = 0.7 / math.sqrt(head_dim)
     for lead, len_q, len_kv in [((2, 8), 300, 300), ((3,), 200, 77), ((1,), 77, 520)]:
@@ -201,10 +204,10 @@ def kernels_launched(q, k, v, causal=False):
 
 def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
     """bf16/fp16 with head dim 64 or 128 take a flash kernel, one launch: the warp-specialized
-    one on compute capability 9.0, the mma.sync one elsewhere; float32, head dims over 128 and
-    misaligned inputs take the generic one (other head dims up to 128 run a flash kernel,
-    padded: test_flash_backward.py). Without this, a dispatch that always falls back would pass
-    every result test above."""
+    one on compute capability 9.0, the mma.sync one elsewhere; float32 the 3xTF32 one; head dims
+    over 128, float32 at other head dims and misaligned inputs take the generic one (half
+    precision at other head dims up to 128 runs a flash kernel, padded: test_flash_backward.py).
+    Without this, a dispatch that always falls back would pass every result test above."""
     generator = torch.Generator().manual_seed(seed)
     probe = make_inputs((2,), 100, 100, 64, torch.float32, generator)
     if not kernels_launched(*probe):
@@ -212,7 +215,8 @@ def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
     hopper = torch.cuda.get_device_capability() == (9, 0)
     for dtype in DTYPES:
         for head_dim in HEAD_DIMS:
-            expected = SM90_KERNEL if hopper else FLASH_KERNEL
+            half_kernel = SM90_KERNEL if hopper else FLASH_KERNEL
+            expected = F32_KERNEL if dtype == torch.float32 else half_kernel
             for causal in (False, True):
                 names = kernels_launched(
                     *make_inputs((2, 3), 100, 150, head_dim, dtype, generator), causal=causal
@@ -223,7 +227,7 @@ def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
                         f"expected {expected}"
                     )
     declined = {
-        "float32 e64": make_inputs((2,), 100, 100, 64, torch.float32, generator),
+        "float32 e80": make_inputs((2,), 100, 100, 80, torch.float32, generator),
         "bfloat16 e192": make_inputs((2,), 100, 100, 192, torch.bfloat16, generator),
         "float16 e64 misaligned": tuple(
             randn((2 * 100 * 64 + 1,), torch.float16, generator)[1:].view(2, 100, 64)
@@ -309,6 +313,8 @@ SANITIZER_SCRIPT = textwrap.dedent(
         (torch.float16, 128, 131, 70, False),
         (torch.bfloat16, 64, 130, 300, False),
         (torch.float16, 64, 300, 129, True),
+        (torch.float32, 64, 200, 333, True),
+        (torch.float32, 128, 131, 70, False),
     ):
         q, k, v = (
             torch.randn(2, n, head_dim, generator=generator).to("cuda", dtype)
@@ -317,10 +323,10 @@ SANITIZER_SCRIPT = textwrap.dedent(
         fixed.fast_attention(q, k, v, is_causal=causal)
     # SDPA's arguments in the same kernel: GQA with a mask that hides whole blocks (skipped) and
     # a tail in every dimension; a key padding mask (one row, broadcast) with dropout.
-    for head_dim in (64, 128):
-        q = torch.randn(2, 4, 300, head_dim, generator=generator).to("cuda", torch.bfloat16)
+    for head_dim, dtype in ((64, torch.bfloat16), (128, torch.bfloat16), (64, torch.float32)):
+        q = torch.randn(2, 4, 300, head_dim, generator=generator).to("cuda", dtype)
         k, v = (
-            torch.randn(2, 2, 333, head_dim, generator=generator).to("cuda", torch.bfloat16)
+            torch.randn(2, 2, 333, head_dim, generator=generator).to("cuda", dtype)
             for _ in range(2)
         )
         lower = torch.ones(300, 333, dtype=torch.bool).tril().cuda()

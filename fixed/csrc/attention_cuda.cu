@@ -10,7 +10,9 @@
 // there, so nvcc can compile-check them without a GPU. Half and bfloat16 run on the tensor-core
 // kernels with every SDPA argument (a mask, dropout, grouped-query heads), and so do other head
 // dims and Ev != E up to 128: as they are on Hopper's forward, padded elsewhere
-// (padded_head_dim); float32 and wider heads run generic.
+// (padded_head_dim). float32's forward at head dims 64 and 128 runs on tensor cores too
+// (flash_forward_f32.cuh, 3xTF32: float32's accuracy); its backward, its other head dims and
+// wider heads run generic.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -156,7 +158,8 @@ kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale
 // both, Q, K and V padded with zero columns. Zero columns add nothing to Q K^T, and V's give
 // output (and gradient) columns that are cut off: the same function, on tensor cores (a mask
 // and dropout act on scores, which padding leaves as they are). 0 where the case runs as it is,
-// or stays on the generic kernels anyway (float32, a head dim over 128).
+// or stays on the generic kernels anyway (float32, whose backward is generic; a head dim over
+// 128).
 int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape) {
   const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
   const int64_t widest = std::max(shape.head_dim, shape.head_dim_v);
@@ -246,8 +249,8 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   bool launched = false;
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
     // The fastest kernel that covers the case: Hopper's (compute capability 9.0), the mma.sync
-    // one (half/bfloat16 at head dim 64 or 128 with Ev = E; a mask, dropout and GQA included),
-    // the generic one. Each launcher declines what it does not cover, having launched nothing;
+    // one (half/bfloat16 at head dim 64 or 128 with Ev = E; a mask, dropout and GQA included;
+    // float32 there in 3xTF32), the generic one. Each launcher declines what it does not cover, having launched nothing;
     // either way at most one launch, checked below.
     const auto* q_ptr = cuda_ptr<scalar_t>(q);
     const auto* k_ptr = cuda_ptr<scalar_t>(k);

@@ -249,6 +249,7 @@ CUDA_HEADERS = tuple(
         "attention_kernels.cuh",
         "flash_common.cuh",
         "flash_forward_cta.cuh",
+        "flash_forward_f32.cuh",
         "flash_forward.cuh",
         "flash_backward_rows.cuh",
         "flash_backward.cuh",

@@ -27,6 +27,7 @@
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, detail::grid_for, ...
 #include "flash_common.cuh"       // for_score_args, has_tensor_core_image, aligned16, ...
 #include "flash_forward_cta.cuh"  // Tiling64, Tiling128, Tiling128Causal, flash_forward_cta
+#include "flash_forward_f32.cuh"  // forward_f32: float32 in 3xTF32
 
 namespace fixed_attention {
 namespace kernels {
@@ -99,9 +100,9 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
 // for empty work): the caller then checks the launch. Returns false, having launched nothing,
 // when the case is not covered; the caller then runs launch_attention_forward.
 // Throws std::runtime_error if the shared-memory opt-in fails, as the generic launchers do.
-inline bool launch_flash_forward(const float*, const float*, const float*, float*, float*,
-                                 const AttentionProblem&, cudaStream_t) {
-  return false;  // float32 keeps the generic kernel's fp32 arithmetic
+inline bool launch_flash_forward(const float* q, const float* k, const float* v, float* out,
+                                 float* lse, const AttentionProblem& p, cudaStream_t stream) {
+  return flash::detail::forward_f32(q, k, v, out, lse, p, stream);  // 3xTF32: float32's accuracy
 }
 inline bool launch_flash_forward(const __half* q, const __half* k, const __half* v, __half* out,
                                  float* lse, const AttentionProblem& p, cudaStream_t stream) {
