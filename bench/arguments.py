@@ -4,8 +4,9 @@ D = 64 and 128, forward and forward+backward, at S = 2048 with B = 4 and S = 819
 score tensors 17 GB each). Each case changes one thing from the plain row: a bool mask (the
 causal mask as a tensor: half its blocks hidden, which the Hopper kernels skip), an additive
 (1, 1, L, S) float mask (nothing hidden), grouped-query heads 16:4, head dim 80 (E = Ev = 80, its
-one D), Ev = D/2, dropout. Every row runs fixed/'s tensor-core kernels; head dim 80 and Ev != E
-at 64 or 128, whichever holds them (perf/NOTES.md).
+one D), Ev = D/2, dropout, float32 inputs (the only case not in bfloat16). Every row runs
+fixed/'s tensor-core kernels; head dim 80 and Ev != E at 64 or 128, whichever holds them
+(perf/NOTES.md); float32's forward in 3xTF32, its backward on the generic kernels.
 
 Each (case, S, D, pass) has three rows: fixed, SDPA's default (what a caller gets) and "SDPA
 best" (what SDPA can do with those arguments): the fastest of its default and of its flash,
@@ -56,6 +57,7 @@ class Case:
     half_v: bool = False  # Ev = D/2
     mask: str | None = None  # "bool": the causal mask as a bool tensor; "float": (1, 1, L, S)
     dropout_p: float = 0.0
+    dtype: torch.dtype = torch.bfloat16
 
     def dims(self, section_dims: tuple[int, ...]) -> tuple[int, ...]:
         return (self.head_dim,) if self.head_dim else section_dims
@@ -72,6 +74,7 @@ CASES = (
     Case("head dim 80", head_dim=80),
     Case("Ev D/2", half_v=True),
     Case("dropout 0.1", dropout_p=0.1),
+    Case("float32", dtype=torch.float32),
 )
 
 
@@ -92,8 +95,8 @@ def new_rows(impls, case: Case, shape) -> dict[str, dict[str, dict]]:
     for pass_ in (FWD, FWD_BWD):
         rows = {}
         for impl in (impls.fixed, impls.sdpa):
-            rows[impl.key] = new_row("args", impl, shape, torch.bfloat16, False, pass_)
-        best = new_row("args", impls.sdpa, shape, torch.bfloat16, False, pass_)
+            rows[impl.key] = new_row("args", impl, shape, case.dtype, False, pass_)
+        best = new_row("args", impls.sdpa, shape, case.dtype, False, pass_)
         best.update(implementation=BEST, label="SDPA best", backend=None, backends={})
         rows[BEST] = best
         for row in rows.values():
@@ -135,7 +138,8 @@ def run_case(bench, impls, case: Case, shape, groups) -> None:
     whole or, once the time limit is spent, not at all."""
     batch, heads, seq, dim = shape
     dim_v, heads_kv = case.head_dim_v(dim), case.heads_kv or heads
-    bench.log(f"bench: args {case.name} {shape} Ev={dim_v} bfloat16")
+    dtype_name = str(case.dtype).removeprefix("torch.")
+    bench.log(f"bench: args {case.name} {shape} Ev={dim_v} {dtype_name}")
     try:
         shapes = [
             shape,
@@ -143,13 +147,15 @@ def run_case(bench, impls, case: Case, shape, groups) -> None:
             (batch, heads_kv, seq, dim_v),
             (batch, heads, seq, dim_v),
         ]
-        sets = bench.input_sets(shapes, torch.bfloat16, requires_grad=True)
+        sets = bench.input_sets(shapes, case.dtype, requires_grad=True)
         kwargs = {
             "attn_mask": _mask(case, seq, seq, bench),
             "dropout_p": case.dropout_p,
             "enable_gqa": case.heads_kv is not None,
         }
-        check_fwd, check_bwd = (None, None) if case.dropout_p else _checks(sets[0], kwargs)
+        check_fwd, check_bwd = (
+            (None, None) if case.dropout_p else _checks(sets[0], kwargs, case.dtype)
+        )
     except Exception as error:  # out of memory, or a CUDA context an earlier row broke
         for rows in groups.values():
             for row in rows.values():
@@ -211,11 +217,12 @@ def _prepare_best(best: dict, impls, timer: _Timer, entries: list) -> dict[str, 
     entries added to `entries`). Math, which takes every call and is the slowest where another
     does, only when no fused backend took the call."""
     tried = {}
+    best_dtype = getattr(torch, best["dtype"])
     for impl in (impls.flash, impls.efficient, impls.cudnn, impls.math):
         warm = {id(entry.row) for entry in entries}
         if impl is impls.math and any(id(row) in warm for row in tried.values()):
             break
-        row = new_row("args", impl, best["shape"], torch.bfloat16, False, best["pass"])
+        row = new_row("args", impl, best["shape"], best_dtype, False, best["pass"])
         entries += timer.prepare(row, impl)
         tried[impl.backend] = row
     return tried
@@ -274,20 +281,26 @@ def _call(impl, sets, kwargs, backward):
     return forward_backward if backward else forward
 
 
-def _checks(inputs, kwargs):
-    """Forward and forward+backward checks against SDPA's math backend in float32."""
+def _checks(inputs, kwargs, dtype):
+    """Forward and forward+backward checks against SDPA's math backend in float32 (its products
+    in float32, never TF32)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q, k, v, grad = (t.detach().float().requires_grad_() for t in inputs)
     mask = kwargs["attn_mask"]
     mask = mask.float() if mask is not None and mask.is_floating_point() else mask
-    with sdpa_kernel([SDPBackend.MATH]):
-        ref_out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=kwargs["enable_gqa"]
-        )
-    ref_grads = torch.autograd.grad(ref_out, (q, k, v), grad)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            ref_out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=kwargs["enable_gqa"]
+            )
+        ref_grads = torch.autograd.grad(ref_out, (q, k, v), grad)
+    finally:
+        torch.set_float32_matmul_precision(precision)
     ref_out = ref_out.detach()
-    tolerance = TOLERANCE[torch.bfloat16]
+    tolerance = TOLERANCE[dtype]
 
     def check_forward(out):
         return relative_error(out, ref_out), tolerance

@@ -168,7 +168,7 @@ def _args_table(rows, report) -> list[str]:
     heads = rows[0]["shape"][1]
     batches = {row["shape"][2]: row["shape"][0] for row in rows}
     lines = [
-        f"SDPA's arguments: bfloat16 (B, H={heads}, S, D), "
+        f"SDPA's arguments: bfloat16 but the float32 case (B, H={heads}, S, D), "
         + ", ".join(f"B={batch} at S={seq}" for seq, batch in batches.items())
         + ": ms per call (fixed's TFLOP/s)",
         "  x/fixed: SDPA's time over fixed's (over 1: fixed is faster); best: SDPA's fastest "

@@ -398,12 +398,12 @@ def test_llm_table_shows_fixed_over_cudnn(cpu_bench):
 
 def args_grid() -> set[tuple]:
     """(case, B, S, D, Ev) as the issue asks for them: B = 1 at S = 8192, head dim 80 at
-    E = Ev = 80 alone, Ev = D/2."""
+    E = Ev = 80 alone, Ev = D/2; every case in bfloat16 but the float32 one."""
     grid = set()
     for seq, batch in ((2048, 4), (8192, 1)):
         grid.add(("head dim 80", batch, seq, 80, 80))
         for dim in (64, 128):
-            for name in ("plain", "bool mask", "float mask", "GQA 16:4", "dropout 0.1"):
+            for name in ("plain", "bool mask", "float mask", "GQA 16:4", "dropout 0.1", "float32"):
                 grid.add((name, batch, seq, dim, dim))
             grid.add(("Ev D/2", batch, seq, dim, dim // 2))
     return grid
@@ -420,7 +420,8 @@ def test_args_rows_cover_every_case_s_d_and_pass(cpu_bench):
     keys = {}
     for row in rows:
         batch, heads, seq, dim = row["shape"]
-        assert heads == 16 and row["dtype"] == "bfloat16", row
+        expected_dtype = "float32" if row["case"] == "float32" else "bfloat16"
+        assert heads == 16 and row["dtype"] == expected_dtype, row
         key = (row["case"], batch, seq, dim, row["head_dim_v"])
         keys.setdefault((*key, row["pass"]), []).append(row["implementation"])
         assert row["status"].startswith("skipped: ") and "GPU" in row["status"], row
