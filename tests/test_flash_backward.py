@@ -1,7 +1,8 @@
 """fixed/'s tensor-core backward (fixed/csrc/kernels/flash_backward.cuh: mma.sync, bf16 and fp16,
 head dims 64 and 128; on compute capability 9.0 flash_backward_sm90.cuh, wgmma, with the same
-prologue and dq kernels) on a GPU: dQ, dK and dV against the float64 reference and against the
-float32 kernels (the generic backward), ragged lengths around the 64-query and 128-key blocks,
+prologue and dq kernels; float32 at head dim 64: flash_backward_f32.cuh, 3xTF32) on a GPU: dQ,
+dK and dV against the float64 reference and, half precision, against the float32 kernels,
+ragged lengths around the 64-query and 128-key blocks,
 L != S both ways, causal, views, negative scales, misaligned inputs, which kernels ran, and
 compute-sanitizer. Every test needs CUDA and skips, saying so, without it. Inputs are fresh each
 run; FLASH_SEED=<seed> replays a failure."""
@@ -38,7 +39,10 @@ except ImportError:  # pytest-check may be missing on the GPU machine: stop at t
 
 pytestmark = NEEDS_CUDA
 
-DTYPES = [torch.bfloat16, torch.float16]
+HALF_DTYPES = [torch.bfloat16, torch.float16]
+# float32: 3xTF32 at head dim 64 (flash_backward_f32.cuh), the generic kernels at 128; both
+# held to float32's tolerance.
+DTYPES = [*HALF_DTYPES, torch.float32]
 HEAD_DIMS = [64, 128]  # the head dims the tensor-core backward covers
 # (leading dims, L, S): around the 64-row query blocks and 128-key blocks, L == S and L != S both
 # ways (causal: keys past the last row get zero gradients), batch * heads from 1 to 64.
@@ -57,7 +61,8 @@ CASES = [
 ]
 BACKWARD_KERNEL = "flash_backward_kernel"  # mma.sync
 SM90_BACKWARD_KERNEL = "flash_backward_sm90_kernel"  # wgmma: compute capability 9.0
-MAIN_KERNELS = (BACKWARD_KERNEL, SM90_BACKWARD_KERNEL)
+F32_BACKWARD_KERNEL = "flash_backward_f32_kernel"  # float32, head dim 64, every sm_80+ device
+MAIN_KERNELS = (BACKWARD_KERNEL, SM90_BACKWARD_KERNEL, F32_BACKWARD_KERNEL)
 
 
 def main_kernels(names):
@@ -116,11 +121,11 @@ def test_gradients_match_reference(fixed, seed, dtype, head_dim, causal):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_gradients_match_the_generic_float32_kernels(fixed, seed, dtype, head_dim, causal):
-    """The same inputs upcast to float32 take the generic backward kernels (fp32 on CUDA cores,
-    after the 3xTF32 forward): the tensor-core gradients must agree with them within the
-    half-precision tolerance."""
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=dtype_id)
+def test_gradients_match_the_float32_kernels(fixed, seed, dtype, head_dim, causal):
+    """The same inputs upcast to float32 take the float32 backward (3xTF32 at head dim 64, the
+    generic kernels at 128; held to float32's tolerance above): the half-precision gradients
+    must agree with them within their own tolerance."""
     generator = torch.Generator().manual_seed(seed)
     scale = 0.7 / math.sqrt(head_dim)
     for lead, len_q, len_kv in [((2, 8), 300, 300), ((3,), 200, 77), ((1,), 77, 520)]:
@@ -231,16 +236,18 @@ def kernels_launched(q, k, v, grad, causal=False):
 
 def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
     """bf16/fp16 with head dim 64 or 128 take the tensor-core backward (the wgmma kernel on
-    compute capability 9.0, the mma.sync one elsewhere); float32, head dims over 128, misaligned
-    inputs and deterministic mode take the generic one. Without this, a dispatch that always
-    fell back would pass every result test above."""
+    compute capability 9.0, the mma.sync one elsewhere), float32 at head dim 64 the 3xTF32 one;
+    float32 at 128, head dims over 128, misaligned inputs and deterministic mode take the
+    generic one. Without this, a dispatch that always fell back would pass every result test
+    above."""
     generator = torch.Generator().manual_seed(seed)
     if not kernels_launched(*make_inputs((2,), 100, 100, 64, torch.float32, generator)):
         pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable?)")
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    expected = SM90_BACKWARD_KERNEL if hopper else BACKWARD_KERNEL
+    half_kernel = SM90_BACKWARD_KERNEL if hopper else BACKWARD_KERNEL
     for dtype in DTYPES:
-        for head_dim in HEAD_DIMS:
+        for head_dim in HEAD_DIMS if dtype != torch.float32 else [64]:
+            expected = F32_BACKWARD_KERNEL if dtype == torch.float32 else half_kernel
             for causal in (False, True):
                 names = kernels_launched(
                     *make_inputs((2, 3), 100, 150, head_dim, dtype, generator), causal=causal
@@ -252,10 +259,14 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
                         f"expected {expected}"
                     )
     declined = {
-        "float32 e64": make_inputs((2,), 100, 100, 64, torch.float32, generator),
+        "float32 e128": make_inputs((2,), 100, 100, 128, torch.float32, generator),
         "bfloat16 e192": make_inputs((2,), 100, 100, 192, torch.bfloat16, generator),
         "float16 e64 misaligned": tuple(
             randn((2 * 100 * 64 + 1,), torch.float16, generator)[1:].view(2, 100, 64)
+            for _ in range(4)
+        ),
+        "float32 e64 misaligned": tuple(
+            randn((2 * 100 * 64 + 1,), torch.float32, generator)[1:].view(2, 100, 64)
             for _ in range(4)
         ),
     }
@@ -266,10 +277,14 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        names = kernels_launched(*make_inputs((2,), 100, 100, 64, torch.bfloat16, generator))
+        for dtype in (torch.bfloat16, torch.float32):
+            names = kernels_launched(*make_inputs((2,), 100, 100, 64, dtype, generator))
+            with check:
+                assert names and not main_kernels(names), (
+                    f"{dtype_id(dtype)} deterministic mode: launched {names}"
+                )
     finally:
         torch.use_deterministic_algorithms(previous)
-    assert names and not main_kernels(names), f"deterministic mode: launched {names}"
 
 
 GQA_CASES = [(2, 130, 200), (1, 64, 63), (2, 300, 300)]  # (K/V heads of 8, L, S)
@@ -299,12 +314,14 @@ def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed
     dK, dV against float64, each K/V head's gradient the sum over its query heads."""
     generator = torch.Generator().manual_seed(seed)
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    expected = (
-        ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
-        if hopper
-        else ("flash_forward_kernel", BACKWARD_KERNEL)
-    )
     for head_dim in HEAD_DIMS:
+        if dtype == torch.float32:  # the float32 backward's tensor-core kernel: head dim 64
+            expected = ("flash_forward_f32_kernel", F32_BACKWARD_KERNEL)
+            expected = expected if head_dim == 64 else expected[:1]
+        elif hopper:
+            expected = ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
+        else:
+            expected = ("flash_forward_kernel", BACKWARD_KERNEL)
         scale = 1.0 / math.sqrt(head_dim)
         for kv_heads, len_q, len_kv in GQA_CASES:
             q = randn((2, 8, len_q, head_dim), dtype, generator)
@@ -344,7 +361,7 @@ PADDED_HEAD_DIMS = [(80, 80), (96, 96), (32, 32), (128, 64), (48, 80), (8, 16)]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=dtype_id)
 def test_other_head_dims_run_padded_on_the_tensor_cores(fixed, seed, dtype, causal):
     """Head dims other than 64 and 128, and Ev != E: forward and backward on the tensor-core
     kernels at the padded width; the output and dQ, dK, dV, in the caller's shapes, against
@@ -429,6 +446,8 @@ SANITIZER_SCRIPT = textwrap.dedent(
         (torch.float16, 128, 131, 70, False),
         (torch.bfloat16, 64, 130, 300, False),
         (torch.float16, 64, 300, 129, True),
+        (torch.float32, 64, 130, 300, False),
+        (torch.float32, 64, 300, 129, True),
     ):
         q, k, v = (
             torch.randn(2, n, head_dim, generator=generator).to("cuda", dtype).requires_grad_()
@@ -436,11 +455,12 @@ SANITIZER_SCRIPT = textwrap.dedent(
         )
         fixed.fast_attention(q, k, v, is_causal=causal).sum().backward()
     # GQA: 6 query heads on 2 K/V heads, each read by 3 (dK and dV per query head, then summed).
-    q, k, v = (
-        torch.randn(2, h, n, 64, generator=generator).to("cuda", torch.bfloat16).requires_grad_()
-        for h, n in ((6, 150), (2, 200), (2, 200))
-    )
-    fixed.fast_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+    for dtype in (torch.bfloat16, torch.float32):
+        q, k, v = (
+            torch.randn(2, h, n, 64, generator=generator).to("cuda", dtype).requires_grad_()
+            for h, n in ((6, 150), (2, 200), (2, 200))
+        )
+        fixed.fast_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
     # A boolean mask broadcast over heads (a row with every key hidden) with dropout, at a padded
     # head dim; an additive mask read through a transposed view, with GQA.
     q, k, v = (

@@ -86,6 +86,7 @@
 #include <cstdint>
 
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
+#include "flash_backward_f32.cuh"   // float32 in 3xTF32
 #include "flash_backward_rows.cuh"  // prologue and dq kernels, shared-memory helpers
 #include "flash_common.cuh"         // PTX wrappers, swizzled tiles, load_tile
 
@@ -551,8 +552,8 @@ inline int64_t backward_rows(const AttentionProblem& p) {
 // is not covered (then the caller runs the generic backward kernels); true after the launches on
 // `stream`, which the caller then checks. Throws std::runtime_error if the shared-memory opt-in
 // fails, as the generic launchers do.
-inline int64_t flash_backward_rows(const float*, const AttentionProblem&) {
-  return 0;  // float32 keeps the generic kernels' fp32 arithmetic
+inline int64_t flash_backward_rows(const float*, const AttentionProblem& p) {
+  return flash::detail::f32_backward_takes(p) ? flash::f32_backward_rows(p.len_q) : 0;
 }
 inline int64_t flash_backward_rows(const __half*, const AttentionProblem& p) {
   return flash::detail::backward_rows(p);
@@ -561,11 +562,13 @@ inline int64_t flash_backward_rows(const __nv_bfloat16*, const AttentionProblem&
   return flash::detail::backward_rows(p);
 }
 
-inline bool launch_flash_backward_mma_sync(const float*, const float*, const float*,
-                                           const float*, const float*, const float*, float*,
-                                           float*, float*, float*, float*, float*,
-                                           const AttentionProblem&, cudaStream_t) {
-  return false;
+inline bool launch_flash_backward_mma_sync(const float* dout, const float* q, const float* k,
+                                           const float* v, const float* out, const float* lse,
+                                           float* lse_log2, float* delta, float* dq_accum,
+                                           float* dq, float* dk, float* dv,
+                                           const AttentionProblem& p, cudaStream_t stream) {
+  return flash::detail::backward_f32(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq, dk,
+                                     dv, p, stream);  // 3xTF32 (flash_backward_f32.cuh)
 }
 inline bool launch_flash_backward_mma_sync(const __half* dout, const __half* q, const __half* k,
                                            const __half* v, const __half* out, const float* lse,

@@ -122,7 +122,7 @@ inline bool launch_flash_backward(const float* dout, const float* q, const float
                                   float* dk, float* dv, const AttentionProblem& p,
                                   cudaStream_t stream) {
   return launch_flash_backward_mma_sync(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
-                                        dk, dv, p, stream);  // false: float32 stays generic
+                                        dk, dv, p, stream);  // float32: 3xTF32 on mma.sync
 }
 inline bool launch_flash_backward(const __half* dout, const __half* q, const __half* k,
                                   const __half* v, const __half* out, const float* lse,
