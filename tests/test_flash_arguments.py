@@ -147,8 +147,34 @@ def formula64(q, k, v, mask):
     return weights @ v
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+# float32 runs on tensor cores (3xTF32) at head dims 64 and 128 as they are: the forward at both,
+# the backward at 64 (flash_backward_f32.cuh); its other head dims are the generic kernels'.
+PARAMS = [
+    *((case, dtype) for dtype in DTYPES for case in CASES),
+    *((case, torch.float32) for case in CASES if case[2] == case[3] and case[2] in (64, 128)),
+]
+
+
+def expected_kernels(dtype, mask, head_dim) -> tuple[str, ...]:
+    if dtype == torch.float32:
+        kernels = ("flash_forward_f32_kernel", "flash_backward_f32_kernel")
+        return kernels if head_dim == 64 else kernels[:1]
+    if torch.cuda.get_device_capability() != (9, 0):
+        return ("flash_forward_kernel", "flash_backward_kernel")
+    # On compute capability 9.0 the forward is the warp-specialized kernel, whose producer loads
+    # the mask by TMA; a mask whose keys are not contiguous (the transposed view) is for the
+    # wgmma kernel's per-thread loads.
+    sm90_forward = (
+        "flash_forward_sm90_kernel"
+        if mask is not None and mask.dim() >= 2 and mask.stride(-1) != 1
+        else "flash_forward_sm90_ws_kernel"
+    )
+    return (sm90_forward, "flash_backward_sm90_kernel")
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype"), PARAMS, ids=[f"{dtype_id(d)}-{case_id(c)}" for c, d in PARAMS]
+)
 def test_masks_and_dropout_run_on_the_tensor_cores(fixed, seed, case, dtype):
     mask_kind, dropout_p, head_dim, head_dim_v, kv_heads, causal = case
     generator = torch.Generator().manual_seed(seed)
@@ -167,21 +193,7 @@ def test_masks_and_dropout_run_on_the_tensor_cores(fixed, seed, case, dtype):
         got = run(ops, "cuda", dtype, q, k, v, grad, mask, dropout_p, seed_tensor, causal)
         torch.cuda.synchronize()
     names = [e.name for e in profile.events() if "kernel" in e.name]
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    # On compute capability 9.0 the forward is the warp-specialized kernel, whose producer loads
-    # the mask by TMA; a mask whose keys are not contiguous (the transposed view) is for the
-    # wgmma kernel's per-thread loads.
-    sm90_forward = (
-        "flash_forward_sm90_kernel"
-        if mask is not None and mask.dim() >= 2 and mask.stride(-1) != 1
-        else "flash_forward_sm90_ws_kernel"
-    )
-    expected = (
-        (sm90_forward, "flash_backward_sm90_kernel")
-        if hopper
-        else ("flash_forward_kernel", "flash_backward_kernel")
-    )
-    for kernel in expected:
+    for kernel in expected_kernels(dtype, mask, head_dim):
         with check:
             assert not names or any(kernel in name for name in names), (
                 f"{kernel} did not run: launched {names}; {where}"

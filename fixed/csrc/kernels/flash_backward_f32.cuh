@@ -1,8 +1,9 @@
 // The backward for float32 on tensor cores: flash_backward.cuh's algorithm (FlashAttention-2)
 // with all five products in 3xTF32 on mma.sync m16n8k8 (sm_80 and later), head dim 64, Ev = E,
-// GQA (dK and dV per query head, which the glue sums), causal or not. The launcher declines
-// the rest (a mask, dropout, other head dims, tensors not 16-byte aligned, no sm_80+ image),
-// launching nothing; the glue then runs the generic kernels. 3xTF32, the fragment layouts and
+// GQA (dK and dV per query head, which the glue sums), causal or not, an additive mask and
+// dropout (ScoreArgs, as flash_backward.cuh reads them). The launcher declines the rest (other
+// head dims, tensors not 16-byte aligned, no sm_80+ image), launching nothing; the glue then
+// runs the generic kernels. 3xTF32, the fragment layouts and
 // why each key block's sums get accumulators of their own: flash_forward_f32.cuh.
 //
 // The gradients, per batch item, for visible pairs (query i, key j) (all, or j <= i causal):
@@ -33,6 +34,8 @@
 //   delta [32]): 68 + 34 + 9 + 0.5 = 112 KB: two CTAs per SM.
 // Q, dO, lse and delta are double-buffered with cp.async: query block m + 1 is in flight while
 // block m is computed. Two barriers per query block (the top one, and dS^T's).
+// Registers (nvcc 13.0, sm_90a): 255, no spill without arguments; 16 bytes of spill with a mask,
+// 32 with a mask and dropout.
 // Causal: a key block's loop starts at the query block holding its first key; only blocks that
 // cross the diagonal are masked. Tails: rows of Q and dO past L are zeros with lse +inf (P = 0);
 // rows of K and V past S are zeros, their dK and dV rows never stored.
@@ -189,6 +192,7 @@ __device__ __forceinline__ void load_f32_rows(uint32_t dst, const float* src, in
   }
 }
 
+template <int kArgs>
 __global__ void __launch_bounds__(F32BackwardTiling::kThreads, 2)
     flash_backward_f32_kernel(const float* __restrict__ q,         // (B, L, 64)
                               const float* __restrict__ k,         // (B / kv_group, S, 64)
@@ -238,11 +242,19 @@ __global__ void __launch_bounds__(F32BackwardTiling::kThreads, 2)
   const int64_t L = p.len_q, S = p.len_kv;
   const int64_t key_blocks = ceil_div(S, F::kBlockN);
   const float scale_log2 = p.scale * kLog2e;  // signed: P from the raw score
+  // The mask enters P's exponent beside lse; dropout's Z scales P in dV and dP in dS.
+  const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
+  const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
+  const float keep_scale = dropout_scale(p.dropout_p);
+  const uint32_t keep_threshold = dropout::threshold(p.dropout_p);
+  const int slot = g & 3;  // the lane's place among those sharing Philox blocks
+  static_assert(kQTiles % 2 == 0, "dropout's Philox blocks are drawn for two n-tiles at once");
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * F::kBlockN;
     const int64_t kv_b = (b / p.kv_group) * S * D;
+    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
     const int64_t first_block = p.causal ? n0 / F::kBlockM : 0;
     const int64_t n_blocks = ceil_div(L, F::kBlockM) - first_block;
 
@@ -325,18 +337,37 @@ __global__ void __launch_bounds__(F32BackwardTiling::kThreads, 2)
 
       // P^T and dS^T in place: element (key key0 + g + 8 (e >> 1), query 8 j + 2 t + (e & 1)).
       const bool diagonal = p.causal && m0 < n0 + F::kBlockN - 1;
+      float2 z[4] = {};  // dropout's factors of two n-tiles (dropout_factors)
 #pragma unroll
       for (int j = 0; j < kQTiles; ++j) {
+        // Dropout's Z of queries 8 j + 2 t, + 1 for key g + 8 h: Philox block 2 (j & 1) + h,
+        // drawn for tiles j and j + 1 together (as flash_backward.cuh).
+        if (has_dropout && (j & 1) == 0) {
+          dropout_factors<DropoutPair::kAlongRows>(p, keep_scale, keep_threshold, b,
+                                                   m0 + 8 * (j + (slot >> 1)) + 2 * t,
+                                                   n0 + key0 + g + 8 * (slot & 1), slot, z);
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int query = 8 * j + 2 * t + (e & 1);
           const int key = key0 + g + 8 * (e >> 1);
-          float prob = exp2_approx(fmaf(st[j][e], scale_log2, -lse_block[query]));
+          float exponent = -lse_block[query];
+          if (has_mask && m0 + query < L && n0 + key < S) {
+            exponent = fmaf(mask_entry(p, mask_b, m0 + query, n0 + key), kLog2e, exponent);
+          }
+          float prob = exp2_approx(fmaf(st[j][e], scale_log2, exponent));
           if (diagonal && n0 + key > m0 + query) {
             prob = 0.f;
           }
-          st[j][e] = prob;
-          dpt[j][e] = prob * (dpt[j][e] - delta_block[query]);
+          if (has_dropout) {
+            const float2 z_pair = z[2 * (j & 1) + (e >> 1)];
+            const float z_e = (e & 1) ? z_pair.y : z_pair.x;
+            st[j][e] = prob * z_e;
+            dpt[j][e] = prob * (dpt[j][e] * z_e - delta_block[query]);
+          } else {
+            st[j][e] = prob;
+            dpt[j][e] = prob * (dpt[j][e] - delta_block[query]);
+          }
         }
       }
 
@@ -458,10 +489,9 @@ __global__ void __launch_bounds__(F32BackwardTiling::kThreads, 2)
 
 namespace detail {
 
-// Whether the float32 backward takes the problem (head dim 64, Ev = E, no mask, no dropout).
+// Whether the float32 backward takes the problem (head dim 64, Ev = E).
 inline bool f32_backward_takes(const AttentionProblem& p) {
-  return takes_tensor_cores(p) && p.head_dim == F32BackwardTiling::kHeadDim &&
-         p.mask == nullptr && p.dropout_p == 0.f;
+  return takes_tensor_cores(p) && p.head_dim == F32BackwardTiling::kHeadDim;
 }
 
 // The three launches on `stream`, or false having launched nothing. After a failed launch it
@@ -471,7 +501,10 @@ inline bool backward_f32(const float* dout, const float* q, const float* k, cons
                          float* dq_accum, float* dq, float* dk, float* dv,
                          const AttentionProblem& p, cudaStream_t stream) {
   using F = F32BackwardTiling;
-  if (!f32_backward_takes(p) || !has_tensor_core_image(flash_backward_f32_kernel)) {
+  auto* kernel = for_score_args(p, flash_backward_f32_kernel<kNoArgs>,
+                                flash_backward_f32_kernel<kMaskOnly>,
+                                flash_backward_f32_kernel<kMaskAndDropout>);
+  if (!f32_backward_takes(p) || !has_tensor_core_image(kernel)) {
     return false;
   }
   for (const void* pointer : {static_cast<const void*>(dout), static_cast<const void*>(q),
@@ -491,13 +524,12 @@ inline bool backward_f32(const float* dout, const float* q, const float* k, cons
   if (cudaPeekAtLastError() != cudaSuccess) {
     return true;
   }
-  kernels::detail::allow_shared_memory(flash_backward_f32_kernel, F::kSmemBytes);
+  kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
   const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN);
   // longest_first_pays counts 2-byte elements: float32's Q and dO are twice as wide.
   const bool longest_first = p.causal && longest_first_pays(p.batch, p.len_q, 2 * p.head_dim);
-  flash_backward_f32_kernel<<<kernels::detail::grid_for(work), F::kThreads, F::kSmemBytes,
-                              stream>>>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows,
-                                        longest_first);
+  kernel<<<kernels::detail::grid_for(work), F::kThreads, F::kSmemBytes, stream>>>(
+      q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows, longest_first);
   if (cudaPeekAtLastError() != cudaSuccess) {
     return true;
   }
