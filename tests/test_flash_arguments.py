@@ -147,8 +147,8 @@ def formula64(q, k, v, mask):
     return weights @ v
 
 
-# float32 runs on tensor cores (3xTF32) at head dims 64 and 128 as they are: the forward at both,
-# the backward at 64 (flash_backward_f32.cuh); its other head dims are the generic kernels'.
+# float32 runs on tensor cores (3xTF32) at head dims 64 and 128 as they are (flash_forward_f32.cuh,
+# flash_backward_f32.cuh); its other head dims are the generic kernels'.
 PARAMS = [
     *((case, dtype) for dtype in DTYPES for case in CASES),
     *((case, torch.float32) for case in CASES if case[2] == case[3] and case[2] in (64, 128)),
@@ -157,8 +157,7 @@ PARAMS = [
 
 def expected_kernels(dtype, mask, head_dim) -> tuple[str, ...]:
     if dtype == torch.float32:
-        kernels = ("flash_forward_f32_kernel", "flash_backward_f32_kernel")
-        return kernels if head_dim == 64 else kernels[:1]
+        return ("flash_forward_f32_kernel", "flash_backward_f32_kernel")
     if torch.cuda.get_device_capability() != (9, 0):
         return ("flash_forward_kernel", "flash_backward_kernel")
     # On compute capability 9.0 the forward is the warp-specialized kernel, whose producer loads

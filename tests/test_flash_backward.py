@@ -40,8 +40,7 @@ except ImportError:  # pytest-check may be missing on the GPU machine: stop at t
 pytestmark = NEEDS_CUDA
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
-# float32: 3xTF32 at head dim 64 (flash_backward_f32.cuh), the generic kernels at 128; both
-# held to float32's tolerance.
+# float32: 3xTF32 (flash_backward_f32.cuh), held to float32's tolerance.
 DTYPES = [*HALF_DTYPES, torch.float32]
 HEAD_DIMS = [64, 128]  # the head dims the tensor-core backward covers
 # (leading dims, L, S): around the 64-row query blocks and 128-key blocks, L == S and L != S both
@@ -61,7 +60,7 @@ CASES = [
 ]
 BACKWARD_KERNEL = "flash_backward_kernel"  # mma.sync
 SM90_BACKWARD_KERNEL = "flash_backward_sm90_kernel"  # wgmma: compute capability 9.0
-F32_BACKWARD_KERNEL = "flash_backward_f32_kernel"  # float32, head dim 64, every sm_80+ device
+F32_BACKWARD_KERNEL = "flash_backward_f32_kernel"  # float32, every sm_80+ device
 MAIN_KERNELS = (BACKWARD_KERNEL, SM90_BACKWARD_KERNEL, F32_BACKWARD_KERNEL)
 
 
@@ -123,9 +122,9 @@ def test_gradients_match_reference(fixed, seed, dtype, head_dim, causal):
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=dtype_id)
 def test_gradients_match_the_float32_kernels(fixed, seed, dtype, head_dim, causal):
-    """The same inputs upcast to float32 take the float32 backward (3xTF32 at head dim 64, the
-    generic kernels at 128; held to float32's tolerance above): the half-precision gradients
-    must agree with them within their own tolerance."""
+    """The same inputs upcast to float32 take the float32 backward (3xTF32, held to float32's
+    tolerance above): the half-precision gradients must agree with it within their own
+    tolerance."""
     generator = torch.Generator().manual_seed(seed)
     scale = 0.7 / math.sqrt(head_dim)
     for lead, len_q, len_kv in [((2, 8), 300, 300), ((3,), 200, 77), ((1,), 77, 520)]:
@@ -236,8 +235,8 @@ def kernels_launched(q, k, v, grad, causal=False):
 
 def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
     """bf16/fp16 with head dim 64 or 128 take the tensor-core backward (the wgmma kernel on
-    compute capability 9.0, the mma.sync one elsewhere), float32 at head dim 64 the 3xTF32 one;
-    float32 at 128, head dims over 128, misaligned inputs and deterministic mode take the
+    compute capability 9.0, the mma.sync one elsewhere), float32 the 3xTF32 one; float32 at
+    other head dims, head dims over 128, misaligned inputs and deterministic mode take the
     generic one. Without this, a dispatch that always fell back would pass every result test
     above."""
     generator = torch.Generator().manual_seed(seed)
@@ -246,7 +245,7 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
     hopper = torch.cuda.get_device_capability() == (9, 0)
     half_kernel = SM90_BACKWARD_KERNEL if hopper else BACKWARD_KERNEL
     for dtype in DTYPES:
-        for head_dim in HEAD_DIMS if dtype != torch.float32 else [64]:
+        for head_dim in HEAD_DIMS:
             expected = F32_BACKWARD_KERNEL if dtype == torch.float32 else half_kernel
             for causal in (False, True):
                 names = kernels_launched(
@@ -259,7 +258,7 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
                         f"expected {expected}"
                     )
     declined = {
-        "float32 e128": make_inputs((2,), 100, 100, 128, torch.float32, generator),
+        "float32 e96": make_inputs((2,), 100, 100, 96, torch.float32, generator),
         "bfloat16 e192": make_inputs((2,), 100, 100, 192, torch.bfloat16, generator),
         "float16 e64 misaligned": tuple(
             randn((2 * 100 * 64 + 1,), torch.float16, generator)[1:].view(2, 100, 64)
@@ -315,9 +314,8 @@ def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed
     generator = torch.Generator().manual_seed(seed)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     for head_dim in HEAD_DIMS:
-        if dtype == torch.float32:  # the float32 backward's tensor-core kernel: head dim 64
+        if dtype == torch.float32:
             expected = ("flash_forward_f32_kernel", F32_BACKWARD_KERNEL)
-            expected = expected if head_dim == 64 else expected[:1]
         elif hopper:
             expected = ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
         else:

@@ -11,8 +11,8 @@
 // kernels with every SDPA argument (a mask, dropout, grouped-query heads), and so do other head
 // dims and Ev != E up to 128: as they are on Hopper's forward, padded elsewhere
 // (padded_head_dim). float32 runs on tensor cores too, in 3xTF32 (float32's accuracy): the
-// forward at head dims 64 and 128 (flash_forward_f32.cuh), the backward at 64
-// (flash_backward_f32.cuh); its other head dims and wider heads run generic.
+// forward and backward at head dims 64 and 128 (flash_forward_f32.cuh, flash_backward_f32.cuh);
+// its other head dims and wider heads run generic.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -336,7 +336,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
 
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_backward_cuda", [&] {
     // The tensor-core backward where it covers the case (half/bfloat16, head dim 64 or 128,
-    // Ev = E; float32 at 64); its float32 workspace comes from the caching allocator, on
+    // Ev = E; float32 too); its float32 workspace comes from the caching allocator, on
     // this device and stream. Its dQ sums by float atomics, in no fixed order: under
     // torch.use_deterministic_algorithms(True) the generic kernels (one thread per element, GQA's
     // dK and dV summed in a fixed order) answer instead.

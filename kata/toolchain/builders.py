@@ -252,6 +252,7 @@ CUDA_HEADERS = tuple(
         "flash_forward_f32.cuh",
         "flash_forward.cuh",
         "flash_backward_rows.cuh",
+        "flash_backward_f32_rows.cuh",
         "flash_backward_f32.cuh",
         "flash_backward.cuh",
         "wgmma.cuh",
