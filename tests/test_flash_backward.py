@@ -93,10 +93,14 @@ def backward(q, k, v, grad, scale, causal):
 def check_against_reference(q, k, v, grad, scale, causal, where):
     grads = backward(q, k, v, grad, scale, causal)
     _, *reference = attention_with_grads(q, k, v, grad, scale=scale, causal=causal)
+    # One key (S = 1): P = 1, so dS = P (dP - delta), dq and dk are exactly 0, and a kernel's are
+    # the rounding noise of dP - delta. Measure them against the gradients' size, as
+    # test_fixed_cuda.py does (float32's tolerance sees that noise).
+    zero_floor = max(ref.norm().item() for ref in reference)
     for name, got, ref, leaf in zip(("dq", "dk", "dv"), grads, reference, (q, k, v), strict=True):
         with check:
             assert (got.shape, got.dtype) == (leaf.shape, leaf.dtype), f"{name}: {where}"
-        error = relative_error(got, ref)
+        error = relative_error(got, ref, floor=zero_floor if ref.norm().item() == 0 else 0.0)
         with check:
             assert error <= TOLERANCE[q.dtype], f"{name} relative error {error:.2e}: {where}"
 
