@@ -160,12 +160,12 @@ def test_gradients_match_reference(fixed, seed, dtype, head_dim, causal):
 
 
 def test_backward_is_deterministic(fixed, seed):
-    """float32 at head dim 96 (the generic kernels: one thread per gradient element, no
-    atomics), and float32 and bf16 at 64 under torch.use_deterministic_algorithms(True), where
+    """float32 at head dim 160 (over 128: the generic kernels, one thread per gradient element,
+    no atomics), and float32 and bf16 at 64 under torch.use_deterministic_algorithms(True), where
     the glue turns away from the tensor-core backwards (their dQ sums by atomics): two runs
     agree bit for bit."""
     generator = torch.Generator().manual_seed(seed)
-    cases = ((torch.float32, 96, False), (torch.float32, 64, True), (torch.bfloat16, 64, True))
+    cases = ((torch.float32, 160, False), (torch.float32, 64, True), (torch.bfloat16, 64, True))
     for dtype, head_dim, deterministic in cases:
         q, k, v = make_inputs((2, 4), 300, 300, head_dim, dtype, generator)
         grad = randn(q.shape, dtype, generator)

@@ -239,10 +239,9 @@ def kernels_launched(q, k, v, grad, causal=False):
 
 def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
     """bf16/fp16 with head dim 64 or 128 take the tensor-core backward (the wgmma kernel on
-    compute capability 9.0, the mma.sync one elsewhere), float32 the 3xTF32 one; float32 at
-    other head dims, head dims over 128, misaligned inputs and deterministic mode take the
-    generic one. Without this, a dispatch that always fell back would pass every result test
-    above."""
+    compute capability 9.0, the mma.sync one elsewhere), float32 the 3xTF32 one; head dims over
+    128, misaligned inputs and deterministic mode take the generic one. Without this, a
+    dispatch that always fell back would pass every result test above."""
     generator = torch.Generator().manual_seed(seed)
     if not kernels_launched(*make_inputs((2,), 100, 100, 64, torch.float32, generator)):
         pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable?)")
@@ -262,7 +261,7 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
                         f"expected {expected}"
                     )
     declined = {
-        "float32 e96": make_inputs((2,), 100, 100, 96, torch.float32, generator),
+        "float32 e192": make_inputs((2,), 100, 100, 192, torch.float32, generator),
         "bfloat16 e192": make_inputs((2,), 100, 100, 192, torch.bfloat16, generator),
         "float16 e64 misaligned": tuple(
             randn((2 * 100 * 64 + 1,), torch.float16, generator)[1:].view(2, 100, 64)
@@ -363,18 +362,19 @@ PADDED_HEAD_DIMS = [(80, 80), (96, 96), (32, 32), (128, 64), (48, 80), (8, 16)]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_other_head_dims_run_padded_on_the_tensor_cores(fixed, seed, dtype, causal):
     """Head dims other than 64 and 128, and Ev != E: forward and backward on the tensor-core
     kernels at the padded width; the output and dQ, dK, dV, in the caller's shapes, against
     float64. Over 128 stays generic (test_the_tensor_core_backward_runs_where_it_should)."""
     generator = torch.Generator().manual_seed(seed)
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    expected = (
-        ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
-        if hopper
-        else ("flash_forward_kernel", BACKWARD_KERNEL)
-    )
+    if dtype == torch.float32:
+        expected = ("flash_forward_f32_kernel", F32_BACKWARD_KERNEL)
+    elif hopper:
+        expected = ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
+    else:
+        expected = ("flash_forward_kernel", BACKWARD_KERNEL)
     ops = torch.ops.fixed_attention
     for head_dim, head_dim_v in PADDED_HEAD_DIMS:
         scale = 1.0 / math.sqrt(head_dim)

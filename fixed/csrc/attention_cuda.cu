@@ -11,8 +11,8 @@
 // kernels with every SDPA argument (a mask, dropout, grouped-query heads), and so do other head
 // dims and Ev != E up to 128: as they are on Hopper's forward, padded elsewhere
 // (padded_head_dim). float32 runs on tensor cores too, in 3xTF32 (float32's accuracy): the
-// forward and backward at head dims 64 and 128 (flash_forward_f32.cuh, flash_backward_f32.cuh);
-// its other head dims and wider heads run generic.
+// forward and backward at head dims 64 and 128 (flash_forward_f32.cuh, flash_backward_f32.cuh),
+// other head dims up to 128 padded; wider heads run generic.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -153,17 +153,17 @@ kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale
   return problem;
 }
 
-// The head dim at which a half/bfloat16 case runs on the tensor-core kernels (head dims 64 and
-// 128, Ev = E) when its own E and Ev are not such a pair: the narrower of 64 and 128 that holds
-// both, Q, K and V padded with zero columns. Zero columns add nothing to Q K^T, and V's give
-// output (and gradient) columns that are cut off: the same function, on tensor cores (a mask
-// and dropout act on scores, which padding leaves as they are). 0 where the case runs as it is,
-// or stays on the generic kernels anyway (float32, whose backward is generic; a head dim over
-// 128).
+// The head dim at which a case runs on the tensor-core kernels (head dims 64 and 128, Ev = E;
+// half, bfloat16 and float32) when its own E and Ev are not such a pair: the narrower of 64 and
+// 128 that holds both, Q, K and V padded with zero columns. Zero columns add nothing to Q K^T,
+// and V's give output (and gradient) columns that are cut off: the same function, on tensor
+// cores (a mask and dropout act on scores, which padding leaves as they are). 0 where the case
+// runs as it is, or stays on the generic kernels anyway (a head dim over 128).
 int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape) {
-  const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
+  const at::ScalarType dtype = query.scalar_type();
+  const bool tensor_cores = dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat;
   const int64_t widest = std::max(shape.head_dim, shape.head_dim_v);
-  if (!half || widest > 128) {
+  if (!tensor_cores || widest > 128) {
     return 0;
   }
   const int64_t width = widest <= 64 ? 64 : 128;

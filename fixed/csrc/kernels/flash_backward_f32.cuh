@@ -2,8 +2,8 @@
 // with all five products in 3xTF32 on mma.sync m16n8k8 (sm_80 and later), head dims 64 and 128,
 // Ev = E, GQA (dK and dV per query head, which the glue sums), causal or not, an additive mask
 // and dropout (ScoreArgs, as flash_backward.cuh reads them). The launcher declines the rest
-// (other head dims, tensors not 16-byte aligned, no sm_80+ image), launching nothing; the glue
-// then runs the generic kernels. 3xTF32, the fragment layouts and why each block's sums get
+// (other head dims, which the glue pads; tensors not 16-byte aligned, no sm_80+ image),
+// launching nothing; the glue then runs the generic kernels. 3xTF32, the fragment layouts and why each block's sums get
 // accumulators of their own: flash_forward_f32.cuh.
 //
 // The gradients, per batch item, for visible pairs (query i, key j) (all, or j <= i causal):

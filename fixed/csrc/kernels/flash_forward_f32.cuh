@@ -1,8 +1,9 @@
 // The forward for float32 on tensor cores: flash_forward_cta.cuh's algorithm (FlashAttention-2)
 // with both products in 3xTF32 on mma.sync m16n8k8 (sm_80 and later), head dims 64 and 128,
 // Ev = E; GQA, an additive mask and dropout as the half-precision kernels take them (ScoreArgs).
-// The launcher at the bottom declines the rest (other head dims, inputs not 16-byte aligned, no
-// sm_80+ image), launching nothing; the glue then runs the generic kernel (attention_kernels.cuh).
+// The launcher at the bottom declines the rest (other head dims, which the glue pads to 64 or
+// 128; inputs not 16-byte aligned, no sm_80+ image), launching nothing; the glue then runs the
+// generic kernel (attention_kernels.cuh).
 //
 // ------------------------------------------------------------------------------ 3xTF32
 // TF32 keeps float32's exponent and 10 of its 23 mantissa bits. Each float32 operand x is split
