@@ -250,8 +250,8 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
     // The fastest kernel that covers the case: Hopper's (compute capability 9.0), the mma.sync
     // one (half/bfloat16 at head dim 64 or 128 with Ev = E; a mask, dropout and GQA included;
-    // float32 there in 3xTF32), the generic one. Each launcher declines what it does not cover, having launched nothing;
-    // either way at most one launch, checked below.
+    // float32 there in 3xTF32), the generic one. Each launcher declines what it does not cover,
+    // having launched nothing; either way at most one launch, checked below.
     const auto* q_ptr = cuda_ptr<scalar_t>(q);
     const auto* k_ptr = cuda_ptr<scalar_t>(k);
     const auto* v_ptr = cuda_ptr<scalar_t>(v);

@@ -3,8 +3,8 @@
 // Ev = E, GQA (dK and dV per query head, which the glue sums), causal or not, an additive mask
 // and dropout (ScoreArgs, as flash_backward.cuh reads them). The launcher declines the rest
 // (other head dims, which the glue pads; tensors not 16-byte aligned, no sm_80+ image),
-// launching nothing; the glue then runs the generic kernels. 3xTF32, the fragment layouts and why each block's sums get
-// accumulators of their own: flash_forward_f32.cuh.
+// launching nothing; the glue then runs the generic kernels. 3xTF32, the fragment layouts and
+// why each block's sums get accumulators of their own: flash_forward_f32.cuh.
 //
 // The gradients, per batch item, for visible pairs (query i, key j) (all, or j <= i causal):
 //   P_ij = exp(scale q_i.k_j - lse_i)   dP_ij = dO_i.v_j   delta_i = dO_i.O_i
@@ -53,10 +53,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
+#include "attention_problem.cuh"        // AttentionProblem, ceil_div, detail::grid_for, ...
 #include "flash_backward_f32_rows.cuh"  // prologue and dq kernels, f32_backward_rows
 #include "flash_common.cuh"             // cp.async, red_add_f32x2, takes_tensor_cores, ...
-#include "flash_forward_f32.cuh"        // split_tf32, mma_3xtf32, SplitFragment, ld_shared_f32
+#include "flash_forward_f32.cuh"        // split_tf32, mma_3xtf32, SplitFragment, load_rows, ...
 
 namespace fixed_attention {
 namespace kernels {
@@ -131,25 +131,6 @@ __device__ __forceinline__ SplitFragment<2> split_b_fragment(uint32_t address, u
   return b;
 }
 
-template <class F, int kRows>
-__device__ __forceinline__ void load_f32_rows(uint32_t dst, const float* src, int64_t valid_rows,
-                                              int tid) {
-  constexpr int kChunks = F::kHeadDim / 4;
-  static_assert((kRows * kChunks) % F::kThreads == 0, "whole passes");
-#pragma unroll
-  for (int pass = 0; pass < kRows * kChunks / F::kThreads; ++pass) {
-    const int c = tid + pass * F::kThreads;
-    const int row = c / kChunks;
-    const int chunk = c % kChunks;
-    const uint32_t at = dst + static_cast<uint32_t>((row * F::kStride + 4 * chunk) * 4);
-    if (row < valid_rows) {
-      cp_async_16(at, src + static_cast<int64_t>(row) * F::kHeadDim + 4 * chunk);
-    } else {
-      st_shared_zero_16(at);
-    }
-  }
-}
-
 template <class F, int kArgs>
 __global__ void __launch_bounds__(F::kThreads, 2)
     flash_backward_f32_kernel(const float* __restrict__ q,         // (B, L, D)
@@ -217,15 +198,15 @@ __global__ void __launch_bounds__(F::kThreads, 2)
     const int64_t n_blocks = ceil_div(L, F::kBlockM) - first_block;
 
     // K and V of the block (group 0), then the first query block (group 1).
-    load_f32_rows<F, F::kBlockN>(k_tile, k + kv_b + n0 * D, S - n0, tid);
-    load_f32_rows<F, F::kBlockN>(v_tile, v + kv_b + n0 * D, S - n0, tid);
+    load_rows<F, F::kBlockN, F::kStride>(k_tile, k + kv_b + n0 * D, S - n0, tid);
+    load_rows<F, F::kBlockN, F::kStride>(v_tile, v + kv_b + n0 * D, S - n0, tid);
     cp_async_commit();
     auto load_query_block = [&](int64_t block, int buffer) {
       const int64_t m0 = (first_block + block) * F::kBlockM;
-      load_f32_rows<F, F::kBlockM>(q_tiles + buffer * F::kQFloats * 4, q + (b * L + m0) * D,
-                                   L - m0, tid);
-      load_f32_rows<F, F::kBlockM>(do_tiles + buffer * F::kQFloats * 4, dout + (b * L + m0) * D,
-                                   L - m0, tid);
+      const uint32_t offset = buffer * F::kQFloats * 4;
+      load_rows<F, F::kBlockM, F::kStride>(q_tiles + offset, q + (b * L + m0) * D, L - m0, tid);
+      load_rows<F, F::kBlockM, F::kStride>(do_tiles + offset, dout + (b * L + m0) * D, L - m0,
+                                           tid);
       if (tid < F::kBlockM / 4) {  // lse and delta: padded buffers, always in bounds
         const uint32_t at = stats + buffer * 2 * F::kBlockM * 4;
         cp_async_16(at + tid * 16, lse_log2 + b * rows_padded + m0 + 4 * tid);
@@ -237,8 +218,8 @@ __global__ void __launch_bounds__(F::kThreads, 2)
     }
     cp_async_commit();
 
-    // K and V split into hi and lo once: each thread its own copies' floats, in place (hi) and
-    // into the lo tiles.
+    // K and V split into hi and lo once: each thread its own copies' floats (load_rows's
+    // chunks, so no barrier is needed first), in place (hi) and into the lo tiles.
     if constexpr (F::kSplitKV) {
       cp_async_wait<1>();
       constexpr int kChunks = D / 4;

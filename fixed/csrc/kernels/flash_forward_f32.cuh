@@ -197,7 +197,8 @@ __global__ void __launch_bounds__(F::kThreads, 2)
   const int t = lane & 3;
   const int warp_row0 = (tid >> 5) * 16;  // the warp's first row in the CTA's tile
   // The lane's fragment addresses at k-step 0, n-tile 0 (see the header comment).
-  const uint32_t q_lane = q_tile + static_cast<uint32_t>(((warp_row0 + g) * F::kKStride + 2 * t) * 4);
+  const uint32_t q_lane =
+      q_tile + static_cast<uint32_t>(((warp_row0 + g) * F::kKStride + 2 * t) * 4);
   const uint32_t k_lane = k_tiles + static_cast<uint32_t>((g * F::kKStride + 2 * t) * 4);
   const uint32_t v_lane = v_tiles + static_cast<uint32_t>((2 * t * F::kVStride + g) * 4);
 
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(F::kThreads, 2)
 
     float o[kDTiles][4] = {};
     float row_max[2] = {-INFINITY, -INFINITY};  // of raw scores, rows g (h = 0) and g + 8
-    float row_sum[2] = {0.f, 0.f};              // this lane's part; reduced over the quad at the end
+    float row_sum[2] = {0.f, 0.f};              // this lane's part; summed over the quad at the end
 
     for (int block = 0; block < n_blocks; ++block) {
       const int parity = block & 1;
