@@ -289,6 +289,15 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
         torch.use_deterministic_algorithms(previous)
 
 
+def tensor_core_kernels(dtype) -> tuple[str, str]:
+    """The forward and backward kernels a problem of `dtype` runs on this device."""
+    if dtype == torch.float32:
+        return ("flash_forward_f32_kernel", F32_BACKWARD_KERNEL)
+    if torch.cuda.get_device_capability() == (9, 0):
+        return ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
+    return ("flash_forward_kernel", BACKWARD_KERNEL)
+
+
 GQA_CASES = [(2, 130, 200), (1, 64, 63), (2, 300, 300)]  # (K/V heads of 8, L, S)
 
 
@@ -315,14 +324,8 @@ def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed
     tensor-core kernels, reading the shared K/V head (never a repeated copy); the output and dQ,
     dK, dV against float64, each K/V head's gradient the sum over its query heads."""
     generator = torch.Generator().manual_seed(seed)
-    hopper = torch.cuda.get_device_capability() == (9, 0)
+    expected = tensor_core_kernels(dtype)
     for head_dim in HEAD_DIMS:
-        if dtype == torch.float32:
-            expected = ("flash_forward_f32_kernel", F32_BACKWARD_KERNEL)
-        elif hopper:
-            expected = ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
-        else:
-            expected = ("flash_forward_kernel", BACKWARD_KERNEL)
         scale = 1.0 / math.sqrt(head_dim)
         for kv_heads, len_q, len_kv in GQA_CASES:
             q = randn((2, 8, len_q, head_dim), dtype, generator)
@@ -368,13 +371,7 @@ def test_other_head_dims_run_padded_on_the_tensor_cores(fixed, seed, dtype, caus
     kernels at the padded width; the output and dQ, dK, dV, in the caller's shapes, against
     float64. Over 128 stays generic (test_the_tensor_core_backward_runs_where_it_should)."""
     generator = torch.Generator().manual_seed(seed)
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    if dtype == torch.float32:
-        expected = ("flash_forward_f32_kernel", F32_BACKWARD_KERNEL)
-    elif hopper:
-        expected = ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
-    else:
-        expected = ("flash_forward_kernel", BACKWARD_KERNEL)
+    expected = tensor_core_kernels(dtype)
     ops = torch.ops.fixed_attention
     for head_dim, head_dim_v in PADDED_HEAD_DIMS:
         scale = 1.0 / math.sqrt(head_dim)
