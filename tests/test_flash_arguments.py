@@ -2,11 +2,11 @@
 in the broadcast forms SDPA accepts (fully masked rows included; masks that hide whole tiles, which
 the wgmma kernels skip: causal, documents, key padding), dropout, and both together,
 with GQA and with padded head dims. Forward and backward must run on the tensor-core kernels
-(wgmma on compute capability 9.0, mma.sync elsewhere) and agree with the CPU kernels of the
-same operator in float64: the same mask entries, the same Philox keep mask (philox.h), so the
-whole output and every gradient can be compared, dropout included. The mask cases are also
-compared with an independent float64 formula. Inputs are fresh each run; FLASH_SEED=<seed>
-replays a failure."""
+(wgmma on compute capability 9.0, mma.sync elsewhere; over head dim 128 the forward only) and
+agree with the CPU kernels of the same operator in float64: the same mask entries, the same
+Philox keep mask (philox.h), so the whole output and every gradient can be compared, dropout
+included. The mask cases are also compared with an independent float64 formula. Inputs are fresh
+each run; FLASH_SEED=<seed> replays a failure."""
 
 from __future__ import annotations
 
@@ -101,6 +101,12 @@ CASES = [
     ("none", 0.25, 128, 128, H, True),
     ("none", 0.1, 64, 64, 2, True),
     ("none", 0.5, 96, 96, H, True),
+    # Head dims over 128: the half-precision forward at 256 (others padded to it), the backward
+    # generic.
+    ("bool (B, 1, L, S)", 0.2, 256, 256, 2, False),
+    ("bool causal (L, S)", 0.0, 256, 256, H, False),
+    ("float (B, H, L, S) transposed view", 0.0, 200, 200, H, False),
+    ("none", 0.1, 192, 160, H, True),
 ]
 
 
@@ -147,14 +153,29 @@ def formula64(q, k, v, mask):
     return weights @ v
 
 
+def widest(case) -> int:
+    return max(case[2], case[3])
+
+
 # float32 runs on tensor cores in 3xTF32 (flash_forward_f32.cuh, flash_backward_f32.cuh), other
-# head dims padded as half precision's are.
-PARAMS = [(case, dtype) for dtype in [*DTYPES, torch.float32] for case in CASES]
+# head dims up to 128 padded as half precision's are (wider: the generic kernels, whose float32
+# cases are test_fixed_cuda.py's).
+PARAMS = [
+    (case, dtype)
+    for dtype in [*DTYPES, torch.float32]
+    for case in CASES
+    if dtype != torch.float32 or widest(case) <= 128
+]
 
 
-def expected_kernels(dtype, mask) -> tuple[str, ...]:
+def expected_kernels(dtype, mask, head_dim) -> tuple[str, ...]:
+    """Substrings of the kernels that must run: the forward's, the backward's main one."""
     if dtype == torch.float32:
         return ("flash_forward_f32_kernel", "flash_backward_f32_kernel")
+    if head_dim > 128:  # the forward at 256 (wgmma on Hopper); the backward generic
+        hopper = torch.cuda.get_device_capability() == (9, 0)
+        forward = "flash_forward_sm90_kernel" if hopper else "flash_forward_kernel"
+        return (forward, "attention_backward_dkdv_kernel")
     if torch.cuda.get_device_capability() != (9, 0):
         return ("flash_forward_kernel", "flash_backward_kernel")
     # On compute capability 9.0 the forward is the warp-specialized kernel, whose producer loads
@@ -189,7 +210,7 @@ def test_masks_and_dropout_run_on_the_tensor_cores(fixed, seed, case, dtype):
         got = run(ops, "cuda", dtype, q, k, v, grad, mask, dropout_p, seed_tensor, causal)
         torch.cuda.synchronize()
     names = [e.name for e in profile.events() if "kernel" in e.name]
-    for kernel in expected_kernels(dtype, mask):
+    for kernel in expected_kernels(dtype, mask, widest(case)):
         with check:
             assert not names or any(kernel in name for name in names), (
                 f"{kernel} did not run: launched {names}; {where}"

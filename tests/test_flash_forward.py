@@ -44,7 +44,9 @@ pytestmark = NEEDS_CUDA
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 DTYPES = [*HALF_DTYPES, torch.float32]  # float32: 3xTF32, held to float32's tolerance
-HEAD_DIMS = [64, 128]  # the head dims the tensor-core kernel covers
+# The head dims the tensor-core kernels cover as they are (256: bf16/fp16 only; float32's
+# tensor-core kernels stop at 128, and over it float32 runs generic).
+HEAD_DIMS = [64, 128, 256]
 LSE_TOLERANCE = 1e-5  # on |lse - ref| / (1 + |ref|): fp32 softmax statistics
 # (leading dims, L, S): lengths around the 64- and 128-row tiles, L == S and L != S both ways,
 # batch * heads from 1 to 64, one length past 4096.
@@ -204,7 +206,8 @@ def kernels_launched(q, k, v, causal=False):
 
 def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
     """bf16/fp16 with head dim 64 or 128 take a flash kernel, one launch: the warp-specialized
-    one on compute capability 9.0, the mma.sync one elsewhere; float32 the 3xTF32 one; head dims
+    one on compute capability 9.0, the mma.sync one elsewhere; at 256 (and 192, padded to it) the
+    wgmma kernel on 9.0, the mma.sync one elsewhere; float32 up to 128 the 3xTF32 one; float32
     over 128 and misaligned inputs take the generic one (other head dims up to 128 run a flash
     kernel, padded but on Hopper's bf16/fp16 forward: test_flash_backward.py).
     Without this, a dispatch that always falls back would pass every result test above."""
@@ -214,8 +217,13 @@ def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
         pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable?)")
     hopper = torch.cuda.get_device_capability() == (9, 0)
     for dtype in DTYPES:
-        for head_dim in HEAD_DIMS:
-            half_kernel = SM90_KERNEL if hopper else FLASH_KERNEL
+        for head_dim in (*HEAD_DIMS, 192):
+            if dtype == torch.float32 and head_dim > 128:
+                continue  # generic: below
+            wide_kernel = SM90_ARGS_KERNEL if hopper else FLASH_KERNEL
+            half_kernel = (
+                (SM90_KERNEL if hopper else FLASH_KERNEL) if head_dim <= 128 else wide_kernel
+            )
             expected = F32_KERNEL if dtype == torch.float32 else half_kernel
             for causal in (False, True):
                 names = kernels_launched(
@@ -228,7 +236,7 @@ def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
                     )
     declined = {
         "float32 e192": make_inputs((2,), 100, 100, 192, torch.float32, generator),
-        "bfloat16 e192": make_inputs((2,), 100, 100, 192, torch.bfloat16, generator),
+        "float32 e256": make_inputs((2,), 100, 100, 256, torch.float32, generator),
         "float16 e64 misaligned": tuple(
             randn((2 * 100 * 64 + 1,), torch.float16, generator)[1:].view(2, 100, 64)
             for _ in range(3)
@@ -286,10 +294,10 @@ def test_hopper_images_hold_the_wgmma_forward(fixed):
         check=True,
     ).stdout
     parts = sass.split("Function : ")[1:]
-    # Both: 2 dtypes x 2 head dims x 3 sets of SDPA arguments (flash_common.cuh's ScoreArgs);
-    # the warp-specialized one with its TMA loads.
+    # 2 dtypes x 3 sets of SDPA arguments (flash_common.cuh's ScoreArgs) x 3 head dims (64,
+    # 128, 256) for the wgmma kernel, 2 for the warp-specialized one, with its TMA loads.
     for kernel, count, instructions in (
-        (SM90_ARGS_KERNEL, 12, ("HGMMA",)),
+        (SM90_ARGS_KERNEL, 18, ("HGMMA",)),
         (SM90_KERNEL, 12, ("HGMMA", "UTMALDG", "SYNCS")),
     ):
         functions = [part for part in parts if kernel in part[:300]]
@@ -315,6 +323,8 @@ SANITIZER_SCRIPT = textwrap.dedent(
         (torch.float16, 64, 300, 129, True),
         (torch.float32, 64, 200, 333, True),
         (torch.float32, 128, 131, 70, False),
+        (torch.bfloat16, 256, 200, 333, True),
+        (torch.float16, 256, 131, 70, False),
     ):
         q, k, v = (
             torch.randn(2, n, head_dim, generator=generator).to("cuda", dtype)
@@ -323,7 +333,12 @@ SANITIZER_SCRIPT = textwrap.dedent(
         fixed.fast_attention(q, k, v, is_causal=causal)
     # SDPA's arguments in the same kernel: GQA with a mask that hides whole blocks (skipped) and
     # a tail in every dimension; a key padding mask (one row, broadcast) with dropout.
-    for head_dim, dtype in ((64, torch.bfloat16), (128, torch.bfloat16), (64, torch.float32)):
+    for head_dim, dtype in (
+        (64, torch.bfloat16),
+        (128, torch.bfloat16),
+        (64, torch.float32),
+        (256, torch.float16),
+    ):
         q = torch.randn(2, 4, 300, head_dim, generator=generator).to("cuda", dtype)
         k, v = (
             torch.randn(2, 2, 333, head_dim, generator=generator).to("cuda", dtype)

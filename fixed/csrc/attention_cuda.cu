@@ -10,7 +10,8 @@
 // there, so nvcc can compile-check them without a GPU. Half and bfloat16 run on the tensor-core
 // kernels with every SDPA argument (a mask, dropout, grouped-query heads), and so do other head
 // dims and Ev != E up to 128: as they are on Hopper's forward, padded elsewhere
-// (padded_head_dim). float32 runs on tensor cores too, in 3xTF32 (float32's accuracy): the
+// (padded_head_dim); the forward takes head dims up to 256 too, padded to 256, the backward
+// runs them generic. float32 runs on tensor cores too, in 3xTF32 (float32's accuracy): the
 // forward and backward at head dims 64 and 128 (flash_forward_f32.cuh, flash_backward_f32.cuh),
 // other head dims up to 128 padded; wider heads run generic.
 #include <algorithm>
@@ -153,20 +154,23 @@ kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale
   return problem;
 }
 
-// The head dim at which a case runs on the tensor-core kernels (head dims 64 and 128, Ev = E;
-// half, bfloat16 and float32) when its own E and Ev are not such a pair: the narrower of 64 and
-// 128 that holds both, Q, K and V padded with zero columns. Zero columns add nothing to Q K^T,
+// The head dim at which a case runs on the tensor-core kernels when its own E and Ev are not a
+// pair they take (Ev = E = 64 or 128; and 256 in the half-precision forward): the narrowest of
+// those that holds both, Q, K and V padded with zero columns. Zero columns add nothing to Q K^T,
 // and V's give output (and gradient) columns that are cut off: the same function, on tensor
 // cores (a mask and dropout act on scores, which padding leaves as they are). 0 where the case
-// runs as it is, or stays on the generic kernels anyway (a head dim over 128).
-int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape) {
+// runs as it is, or stays on the generic kernels anyway (wider than the kernels of its pass).
+enum class Pass { kForward, kBackward };
+int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape, Pass pass) {
   const at::ScalarType dtype = query.scalar_type();
-  const bool tensor_cores = dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat;
+  const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
+  const bool tensor_cores = half || dtype == at::kFloat;
+  const int64_t widest_kernel = half && pass == Pass::kForward ? 256 : 128;
   const int64_t widest = std::max(shape.head_dim, shape.head_dim_v);
-  if (!tensor_cores || widest > 128) {
+  if (!tensor_cores || widest > widest_kernel) {
     return 0;
   }
-  const int64_t width = widest <= 64 ? 64 : 128;
+  const int64_t width = widest <= 64 ? 64 : widest <= 128 ? 128 : 256;
   return shape.head_dim == width && shape.head_dim_v == width ? 0 : width;
 }
 
@@ -242,14 +246,15 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   const std::optional<HiddenTiles> hidden = tiles_to_skip(query, mask, shape, stream);
   const kernels::AttentionProblem problem =
       make_problem(shape, scale, causal, mask, hidden, dropout_p, seed);
-  // Head dims the tensor-core kernels compute at a padded width: Hopper's takes them as they are;
-  // elsewhere (or where it declines) the problem is padded below, never given to the generic one.
-  const int64_t width = padded_head_dim(query, shape);
+  // Head dims the tensor-core kernels compute at a padded width: Hopper's takes those up to 128
+  // as they are; elsewhere (or where it declines, or over 128) the problem is padded below, never
+  // given to the generic one.
+  const int64_t width = padded_head_dim(query, shape, Pass::kForward);
 
   bool launched = false;
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
     // The fastest kernel that covers the case: Hopper's (compute capability 9.0), the mma.sync
-    // one (half/bfloat16 at head dim 64 or 128 with Ev = E; a mask, dropout and GQA included;
+    // one (half/bfloat16 at head dim 64, 128 or 256 with Ev = E; a mask, dropout and GQA included;
     // float32 there in 3xTF32), the generic one. Each launcher declines what it does not cover,
     // having launched nothing; either way at most one launch, checked below.
     const auto* q_ptr = cuda_ptr<scalar_t>(q);
@@ -311,8 +316,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   at::Tensor grad_value = at::empty(value.sizes(), value.options());  // (..., S, Ev)
   // As the forward, at a padded head dim; not in deterministic mode, whose generic kernels take
   // any head dim as it is.
-  const int64_t width =
-      at::globalContext().deterministicAlgorithms() ? 0 : padded_head_dim(query, shape);
+  const int64_t width = at::globalContext().deterministicAlgorithms()
+                            ? 0
+                            : padded_head_dim(query, shape, Pass::kBackward);
   if (width > 0) {
     auto [wide_dq, wide_dk, wide_dv] = attention_backward_cuda(
         padded(grad_output, width), padded(query, width), padded(key, width),

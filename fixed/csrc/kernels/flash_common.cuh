@@ -168,13 +168,14 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // Rows [0, kRows) of a (rows, kHeadDim) row-major global matrix starting at `src` into a
 // swizzled shared tile at `dst`: 16-byte cp.async for rows < valid_rows, 16-byte zero stores
 // for the rest (never read: no access past the end of a tensor). Thread `tid` handles chunk
-// tid % kChunks of rows tid / kChunks + pass * kRowsPerPass; kRowsPerPass is a multiple of 8,
-// so the row's swizzle key (row & 7) is the same for every pass and offsets are immediates.
+// tid % kChunks of rows tid / kChunks + pass * kRowsPerPass. Where kRowsPerPass is a multiple
+// of 8 the row's swizzle key (row & 7) is the same for every pass and offsets are immediates;
+// otherwise (4 warps at D = 256: 4 rows per pass) each pass computes its row's.
 template <class F, int kRows, typename T>
 __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t valid_rows,
                                           int tid) {
   constexpr int kRowsPerPass = F::kThreads / F::kChunks;
-  static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "whole passes");
+  static_assert(kRows % kRowsPerPass == 0, "whole passes");
   const int chunk = tid % F::kChunks;
   const int first_row = tid / F::kChunks;
   // Valid rows of this tile, 0..kRows (an int from here on).
@@ -183,7 +184,10 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t va
   const uint32_t thread_dst = dst + swizzled<F::kHeadDim>(first_row, chunk);
 #pragma unroll
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-    const uint32_t to = thread_dst + pass * kRowsPerPass * F::kHeadDim * 2;
+    const uint32_t to =
+        kRowsPerPass % 8 == 0
+            ? thread_dst + pass * kRowsPerPass * F::kHeadDim * 2
+            : dst + swizzled<F::kHeadDim>(pass * kRowsPerPass + first_row, chunk);
     if (pass * kRowsPerPass + first_row < valid) {
       cp_async_16(to, thread_src + pass * kRowsPerPass * F::kHeadDim);
     } else {

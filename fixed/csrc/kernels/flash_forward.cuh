@@ -1,5 +1,5 @@
 // FlashAttention-2-style forward for half and bfloat16 on tensor cores (mma.sync m16n8k16,
-// ldmatrix, cp.async: sm_80 and later, Ampere and Hopper), head dims 64 and 128. The launchers
+// ldmatrix, cp.async: sm_80 and later, Ampere and Hopper), head dims 64, 128 and 256. The launchers
 // at the bottom return false, launching nothing, for every case they do not cover (float32,
 // other head dims, Ev != E, inputs not 16-byte aligned, no sm_80+ image of the kernel for the
 // device); the caller then runs the generic kernel of attention_kernels.cuh: the same function.
@@ -26,7 +26,7 @@
 
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, detail::grid_for, ...
 #include "flash_common.cuh"       // for_score_args, has_tensor_core_image, aligned16, ...
-#include "flash_forward_cta.cuh"  // Tiling64, Tiling128, Tiling128Causal, flash_forward_cta
+#include "flash_forward_cta.cuh"  // Tiling64, Tiling128(Causal), Tiling256, flash_forward_cta
 #include "flash_forward_f32.cuh"  // forward_f32: float32 in 3xTF32
 
 namespace fixed_attention {
@@ -87,6 +87,7 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
     case 128:
       return p.causal ? launch<T, Tiling128Causal>(q, k, v, out, lse, p, stream)
                       : launch<T, Tiling128>(q, k, v, out, lse, p, stream);
+    case 256: return launch<T, Tiling256>(q, k, v, out, lse, p, stream);
     default: return false;
   }
 }

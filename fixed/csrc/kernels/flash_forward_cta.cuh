@@ -58,7 +58,8 @@
 //   chunks, t picks the word: 32 distinct banks.
 // Shared memory per CTA: Q [kBlockM][D] + 2 x (K [kBlockN][D] + V [kBlockN][D]) (opt-in above
 // 48 KB): D = 64: 16 + 2 x 32 = 80 KB; D = 128: 32 + 2 x 32 = 96 KB (4 warps, two CTAs per SM)
-// or 64 + 2 x 32 = 128 KB (8 warps, one CTA per SM).
+// or 64 + 2 x 32 = 128 KB (8 warps, one CTA per SM); D = 256 (4 warps of 16 rows, key blocks of
+// 32): 32 + 2 x 32 = 96 KB.
 //
 // ---------------------------------------------------------------------------- pipeline
 // cp.async.cg 16-byte copies (L2 only, no L1 allocation). Rows past the last row of Q, K or V
@@ -93,9 +94,9 @@ namespace fixed_attention {
 namespace kernels {
 namespace flash {
 
-// kHeadDim: 64 or 128 (E must equal it). kBlockN: keys per shared-memory block. kSubN: keys per
-// softmax step. kMTiles: 16-row m-tiles per warp (2 is FlashAttention-2's tile; the code also
-// takes 1). kQInRegisters: the warp's Q fragments are taken once per work item and held
+// kHeadDim: 64, 128 or 256 (E must equal it). kBlockN: keys per shared-memory block. kSubN:
+// keys per softmax step. kMTiles: 16-row m-tiles per warp (2 is FlashAttention-2's tile; the
+// code also takes 1). kQInRegisters: the warp's Q fragments are taken once per work item and held
 // (kMTiles x kHeadDim / 4 registers) instead of loaded at every k-step. kWarps: 4 or 8 warps
 // per CTA, sharing its K and V blocks.
 template <int kHeadDim_, int kBlockN_, int kSubN_, int kMTiles_, bool kQInRegisters_, int kWarps_>
@@ -120,7 +121,8 @@ struct Tiling {
   // Q + 2 buffers of K + 2 of V, 2 bytes per element.
   static constexpr std::size_t kSmemBytes = 2 * (kQElems + 4 * kKVElems);
 
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+                "head dims 64, 128 and 256");
   static_assert(kSubN % 16 == 0 && kSubN >= 16 && kBlockN % kSubN == 0,
                 "key blocks of whole softmax steps, steps of whole k-steps");
   static_assert(kMTiles == 1 || kMTiles == 2, "one or two m-tiles per warp");
@@ -135,6 +137,10 @@ struct Tiling {
 using Tiling64 = Tiling<64, 128, 64, 2, true, 4>;
 using Tiling128 = Tiling<128, 64, 64, 2, false, 8>;        // non-causal
 using Tiling128Causal = Tiling<128, 64, 64, 2, false, 4>;
+// D = 256: O alone takes 128 registers at 16 rows per warp (FlashAttention-2's tile for 256 is
+// 16 rows per warp too). Key blocks of 32 keep shared memory at 96 KB, under the 99 KB that
+// sm_86 and sm_89 let one block opt into: every sm_80+ device runs it.
+using Tiling256 = Tiling<256, 32, 32, 1, false, 4>;
 
 // ------------------------------------------------------------------------------ kernel
 

@@ -1,4 +1,4 @@
-// The forward for Hopper (compute capability 9.0), bf16/fp16, head dims 64 and 128: the
+// The forward for Hopper (compute capability 9.0), bf16/fp16, head dims 64, 128 and 256: the
 // algorithm of flash_forward.cuh (same online softmax on raw scores, same masks, same work
 // order, the same output bits in every case the kernels were compared on) with both matrix
 // products on warpgroup MMA (wgmma.mma_async, sm_90a; wrappers and operand layouts in
@@ -11,7 +11,9 @@
 // kernel of flash_forward_sm90_ws.cuh first (TMA producer, ping-pong; 1.1-1.2x this one; head
 // dims up to 128 read as they are), this kernel taking what it declines at head dim 64 or 128
 // (flash_common.cuh's takes_tensor_cores: GQA, a mask and dropout included; key blocks a mask
-// hides entirely are skipped): a mask TMA cannot read, an image without sm_90a. The wgmma body
+// hides entirely are skipped): a mask TMA cannot read, an image without sm_90a. It alone takes
+// head dim 256 (the glue pads E and Ev between 129 and 255 to it): O is then 128 registers
+// per thread, one CTA per SM, and P V two m64n128k16 products per k-step. The wgmma body
 // exists only in an sm_90a image
 // (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In any other image the
 // kernel runs flash_forward.cuh's mma.sync body with a tiling of the same CTA shape: slower,
@@ -57,7 +59,7 @@ namespace kernels {
 namespace flash {
 namespace sm90 {
 
-// The CTA's shape for head dim 64 or 128.
+// The CTA's shape for head dim 64, 128 or 256.
 template <int kHeadDim_>
 struct Tile {
   static constexpr int kHeadDim = kHeadDim_;
@@ -76,7 +78,8 @@ struct Tile {
   static constexpr std::size_t kSmemBytes = kWgmmaSmemBytes > Fallback::kSmemBytes
                                                 ? kWgmmaSmemBytes
                                                 : Fallback::kSmemBytes;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element halves per row");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+                "one, two or four 64-element parts per row");
   static_assert(Fallback::kBlockM == kBlockM && Fallback::kThreads == kThreads);
 };
 
@@ -327,7 +330,14 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
         const uint64_t desc_v = sw128_descriptor(v_tiles + buffer + kk * 16 * kRowBytes,
                                                  kBlockN * kRowBytes, 1024);
-        if constexpr (D == 128) {
+        if constexpr (D == 256) {  // two products of 128 columns: V's parts 0-1, then 2-3
+          const uint64_t desc_v_upper =
+              sw128_descriptor(v_tiles + buffer + 2 * kBlockN * kRowBytes + kk * 16 * kRowBytes,
+                               kBlockN * kRowBytes, 1024);
+          wgmma_m64n128k16_rs<T>(*reinterpret_cast<float(*)[64]>(o), p_frag[kk], desc_v);
+          wgmma_m64n128k16_rs<T>(*reinterpret_cast<float(*)[64]>(o + 64), p_frag[kk],
+                                 desc_v_upper);
+        } else if constexpr (D == 128) {
           wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);
         } else {
           wgmma_m64n64k16_rs<T>(o, p_frag[kk], desc_v);
@@ -364,11 +374,12 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
   }
 }
 
-// Two CTAs per SM cap a thread at 128 registers, which the plain kernel fits (127); with a mask
-// or dropout ptxas then spilled 120-250 bytes, so those instantiations run one CTA per SM with
-// up to 255 registers.
+// Two CTAs per SM cap a thread at 128 registers, which the plain kernel fits (127) up to
+// D = 128; with a mask or dropout ptxas then spilled 120-250 bytes, so those instantiations run
+// one CTA per SM with up to 255 registers, as D = 256 does (O alone is 128 registers, and its
+// 193 KB of shared memory leave room for one CTA anyway).
 template <typename T, class F, int kArgs>
-__global__ void __launch_bounds__(F::kThreads, kArgs == kNoArgs ? 2 : 1)
+__global__ void __launch_bounds__(F::kThreads, kArgs == kNoArgs && F::kHeadDim <= 128 ? 2 : 1)
     flash_forward_sm90_kernel(const T* __restrict__ q,  // (B, L, D)
                               const T* __restrict__ k,  // (B, S, D)
                               const T* __restrict__ v,  // (B, S, D)
@@ -421,12 +432,17 @@ template <typename T>
 bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
              cudaStream_t stream) {
   const int64_t widest = p.head_dim > value_dim(p) ? p.head_dim : value_dim(p);
-  if (widest > 128 || !current_device_is_sm90()) {
+  if (widest > 256 || !current_device_is_sm90()) {
     return false;
   }
   if (!detail::aligned16(q) || !detail::aligned16(k) || !detail::aligned16(v) ||
       !detail::aligned16(out)) {
     return false;  // 16-byte cp.async and TMA
+  }
+  // Head dims over 128: this kernel at 256 (the glue pads E = Ev between 128 and 256 to it).
+  if (widest > 128) {
+    return detail::takes_tensor_cores(p) && p.head_dim == 256 &&
+           launch<T, Tile<256>>(q, k, v, out, lse, p, stream);
   }
   // The warp-specialized kernel where it can run (sm_90a images, a mask TMA can read), at the
   // narrower of 64 and 128 that holds E and Ev.
