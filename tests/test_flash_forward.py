@@ -205,11 +205,11 @@ def kernels_launched(q, k, v, causal=False):
 
 
 def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
-    """bf16/fp16 with head dim 64 or 128 take a flash kernel, one launch: the warp-specialized
-    one on compute capability 9.0, the mma.sync one elsewhere; at 256 (and 192, padded to it) the
-    wgmma kernel on 9.0, the mma.sync one elsewhere; float32 up to 128 the 3xTF32 one; float32
-    over 128 and misaligned inputs take the generic one (other head dims up to 128 run a flash
-    kernel, padded but on Hopper's bf16/fp16 forward: test_flash_backward.py).
+    """bf16/fp16 with head dim 64, 128, 256 (or 192: padded to 256 but on Hopper) take a flash
+    kernel, one launch: the warp-specialized one on compute capability 9.0, the mma.sync one
+    elsewhere; float32 up to 128 the 3xTF32 one; float32 over 128 and misaligned inputs take the
+    generic one (other head dims up to 128 run a flash kernel, padded but on Hopper's bf16/fp16
+    forward: test_flash_backward.py).
     Without this, a dispatch that always falls back would pass every result test above."""
     generator = torch.Generator().manual_seed(seed)
     probe = make_inputs((2,), 100, 100, 64, torch.float32, generator)
@@ -220,10 +220,7 @@ def test_the_tensor_core_kernel_runs_where_it_should(fixed, seed):
         for head_dim in (*HEAD_DIMS, 192):
             if dtype == torch.float32 and head_dim > 128:
                 continue  # generic: below
-            wide_kernel = SM90_ARGS_KERNEL if hopper else FLASH_KERNEL
-            half_kernel = (
-                (SM90_KERNEL if hopper else FLASH_KERNEL) if head_dim <= 128 else wide_kernel
-            )
+            half_kernel = SM90_KERNEL if hopper else FLASH_KERNEL
             expected = F32_KERNEL if dtype == torch.float32 else half_kernel
             for causal in (False, True):
                 names = kernels_launched(
@@ -252,22 +249,29 @@ def test_hopper_reads_other_head_dims_as_they_are(fixed, seed):
     """On compute capability 9.0 the warp-specialized forward takes head dims other than 64 and
     128, and Ev != E, as they are: its TMA loads fill the columns up to the tile's width with
     zeros. One launch and nothing else on the GPU: no padded copies of Q, K and V, no copy of
-    the output (elsewhere they run padded: test_flash_backward.py checks their values)."""
+    the output (elsewhere they run padded: test_flash_backward.py checks their values up to 128,
+    test_flash_arguments.py over it); the output against float64."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the warp-specialized forward needs compute capability 9.0")
     generator = torch.Generator().manual_seed(seed)
-    for head_dim, head_dim_v in ((80, 80), (128, 64), (48, 96), (32, 32), (8, 16)):
+    cases = ((80, 80), (128, 64), (48, 96), (32, 32), (8, 16), (192, 192), (256, 136), (72, 200))
+    for head_dim, head_dim_v in cases:
         q, k = (randn((2, 3, n, head_dim), torch.bfloat16, generator) for n in (100, 150))
         v = randn((2, 3, 150, head_dim_v), torch.bfloat16, generator)
+        scale = 1.0 / math.sqrt(head_dim)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-            torch.ops.fixed_attention.attention_forward(q, k, v, 1.0 / math.sqrt(head_dim), False)
+            out, _ = torch.ops.fixed_attention.attention_forward(q, k, v, scale, False)
             torch.cuda.synchronize()
         on_gpu = torch.autograd.DeviceType.CUDA
         names = [e.name for e in profile.events() if e.device_type == on_gpu]
+        where = f"E={head_dim} Ev={head_dim_v}; {replay(seed)}"
         with check:
             assert len(names) == 1 and SM90_KERNEL in names[0], (
-                f"E={head_dim} Ev={head_dim_v}: launched {names}, expected {SM90_KERNEL} alone"
+                f"{where}: launched {names}, expected {SM90_KERNEL} alone"
             )
+        error = relative_error(out, attention(q, k, v, scale=scale, causal=False))
+        with check:
+            assert error <= TOLERANCE[torch.bfloat16], f"output relative error {error:.2e}: {where}"
 
 
 def test_hopper_images_hold_the_wgmma_forward(fixed):
@@ -294,11 +298,11 @@ def test_hopper_images_hold_the_wgmma_forward(fixed):
         check=True,
     ).stdout
     parts = sass.split("Function : ")[1:]
-    # 2 dtypes x 3 sets of SDPA arguments (flash_common.cuh's ScoreArgs) x 3 head dims (64,
-    # 128, 256) for the wgmma kernel, 2 for the warp-specialized one, with its TMA loads.
+    # Both: 2 dtypes x 3 head dims (64, 128, 256) x 3 sets of SDPA arguments (flash_common.cuh's
+    # ScoreArgs); the warp-specialized one with its TMA loads.
     for kernel, count, instructions in (
         (SM90_ARGS_KERNEL, 18, ("HGMMA",)),
-        (SM90_KERNEL, 12, ("HGMMA", "UTMALDG", "SYNCS")),
+        (SM90_KERNEL, 18, ("HGMMA", "UTMALDG", "SYNCS")),
     ):
         functions = [part for part in parts if kernel in part[:300]]
         assert len(functions) == count, f"expected {kernel} x {count}: {len(functions)}"

@@ -10,10 +10,11 @@
 // there, so nvcc can compile-check them without a GPU. Half and bfloat16 run on the tensor-core
 // kernels with every SDPA argument (a mask, dropout, grouped-query heads), and so do other head
 // dims and Ev != E up to 128: as they are on Hopper's forward, padded elsewhere
-// (padded_head_dim); the forward takes head dims up to 256 too, padded to 256, the backward
-// runs them generic. float32 runs on tensor cores too, in 3xTF32 (float32's accuracy): the
-// forward and backward at head dims 64 and 128 (flash_forward_f32.cuh, flash_backward_f32.cuh),
-// other head dims up to 128 padded; wider heads run generic.
+// (padded_head_dim); the forward takes head dims up to 256 too (as they are on Hopper, padded
+// to 256 elsewhere), the backward runs them generic. float32 runs on tensor cores too, in
+// 3xTF32 (float32's accuracy): the forward and backward at head dims 64 and 128
+// (flash_forward_f32.cuh, flash_backward_f32.cuh), other head dims up to 128 padded; wider
+// heads run generic.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -246,9 +247,9 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   const std::optional<HiddenTiles> hidden = tiles_to_skip(query, mask, shape, stream);
   const kernels::AttentionProblem problem =
       make_problem(shape, scale, causal, mask, hidden, dropout_p, seed);
-  // Head dims the tensor-core kernels compute at a padded width: Hopper's takes those up to 128
-  // as they are; elsewhere (or where it declines, or over 128) the problem is padded below, never
-  // given to the generic one.
+  // Head dims the tensor-core kernels compute at a padded width: Hopper's takes them as they are
+  // (multiples of 8); elsewhere (or where it declines) the problem is padded below, never given
+  // to the generic one.
   const int64_t width = padded_head_dim(query, shape, Pass::kForward);
 
   bool launched = false;

@@ -9,12 +9,11 @@
 // The launcher takes bf16/fp16 on a device of compute capability 9.0 and declines everything
 // else (the caller then tries flash_forward.cuh). Every problem goes to the warp-specialized
 // kernel of flash_forward_sm90_ws.cuh first (TMA producer, ping-pong; 1.1-1.2x this one; head
-// dims up to 128 read as they are), this kernel taking what it declines at head dim 64 or 128
-// (flash_common.cuh's takes_tensor_cores: GQA, a mask and dropout included; key blocks a mask
-// hides entirely are skipped): a mask TMA cannot read, an image without sm_90a. It alone takes
-// head dim 256 (the glue pads E and Ev between 129 and 255 to it): O is then 128 registers
-// per thread, one CTA per SM, and P V two m64n128k16 products per k-step. The wgmma body
-// exists only in an sm_90a image
+// dims up to 256 read as they are), this kernel taking what it declines at head dim 64, 128 or
+// 256 (flash_common.cuh's takes_tensor_cores: GQA, a mask and dropout included; key blocks a
+// mask hides entirely are skipped): a mask TMA cannot read, an image without sm_90a; the glue
+// pads other head dims to one of those. At 256 O is 128 registers per thread, one CTA per SM,
+// and P V two m64n128k16 products per k-step. The wgmma body exists only in an sm_90a image
 // (fixed/_build.py compiles sm_90a wherever the arch list has 9.0). In any other image the
 // kernel runs flash_forward.cuh's mma.sync body with a tiling of the same CTA shape: slower,
 // never wrong.
@@ -439,26 +438,23 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
       !detail::aligned16(out)) {
     return false;  // 16-byte cp.async and TMA
   }
-  // Head dims over 128: this kernel at 256 (the glue pads E = Ev between 128 and 256 to it).
-  if (widest > 128) {
-    return detail::takes_tensor_cores(p) && p.head_dim == 256 &&
-           launch<T, Tile<256>>(q, k, v, out, lse, p, stream);
-  }
   // The warp-specialized kernel where it can run (sm_90a images, a mask TMA can read), at the
-  // narrower of 64 and 128 that holds E and Ev.
+  // narrowest of 64, 128 and 256 that holds E and Ev.
+  namespace ws = sm90_ws;
   const bool warp_specialized =
-      widest <= 64
-          ? sm90_ws::launch<T, sm90_ws::Tile64, sm90_ws::Tile64Args>(q, k, v, out, lse, p, stream)
-          : sm90_ws::launch<T, sm90_ws::Tile128, sm90_ws::Tile128Args>(q, k, v, out, lse, p,
-                                                                        stream);
+      widest <= 64    ? ws::launch<T, ws::Tile64, ws::Tile64Args>(q, k, v, out, lse, p, stream)
+      : widest <= 128 ? ws::launch<T, ws::Tile128, ws::Tile128Args>(q, k, v, out, lse, p, stream)
+                      : ws::launch<T, ws::Tile256, ws::Tile256Args>(q, k, v, out, lse, p, stream);
   if (warp_specialized) {
     return true;
   }
-  if (!detail::takes_tensor_cores(p) || (p.head_dim != 64 && p.head_dim != 128)) {
-    return false;
+  if (!detail::takes_tensor_cores(p) ||
+      (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)) {
+    return false;  // the glue pads other head dims to one of those
   }
-  return p.head_dim == 64 ? launch<T, Tile<64>>(q, k, v, out, lse, p, stream)
-                          : launch<T, Tile<128>>(q, k, v, out, lse, p, stream);
+  return p.head_dim == 64    ? launch<T, Tile<64>>(q, k, v, out, lse, p, stream)
+         : p.head_dim == 128 ? launch<T, Tile<128>>(q, k, v, out, lse, p, stream)
+                             : launch<T, Tile<256>>(q, k, v, out, lse, p, stream);
 }
 
 }  // namespace sm90

@@ -1,6 +1,7 @@
 // The forward for Hopper, warp-specialized (FlashAttention-3's structure; perf/NOTES.md, v20,
 // v21): bf16/fp16, causal or not, GQA, an additive mask (loaded by TMA; blocks it hides
-// skipped) and dropout; head dims E and Ev up to 128, multiples of 8, computed at D = 64 or 128:
+// skipped) and dropout; head dims E and Ev up to 256, multiples of 8, computed at D = 64, 128 or
+// 256:
 // the TMA loads fill the columns past E (Q, K) and Ev (V) with zeros, which add nothing to
 // Q K^T and give output columns the kernel does not write. No padded copies. A TMA producer
 // warp, two or three consumer warpgroups with setmaxnreg, softmax under the next P V, ping-pong
@@ -229,6 +230,10 @@ using Tile64 = Tile<64, 128, 3, false, 0, 3>;
 using Tile128 = Tile<128, 128, 3, true>;
 using Tile64Args = Tile<64, 128, 2, false, 2>;
 using Tile128Args = Tile<128, 128, 2, true, 1>;
+// D = 256 (O is 128 of a consumer's 240 registers): key blocks of 64, two K and V stages (193
+// KB; with a mask stage 225 KB), ping-pong.
+using Tile256 = Tile<256, 64, 2, true>;
+using Tile256Args = Tile<256, 64, 2, true, 1>;
 
 }  // namespace sm90_ws
 }  // namespace flash

@@ -95,7 +95,8 @@ struct Tile {
       (65536 - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8 > 240
           ? 240
           : (65536 - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element halves per row");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+                "one, two or four 64-element parts per row");
   static_assert(kBlockN == 64 || kBlockN == 128, "wgmma n64 or n128 for S");
   static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536);
   static_assert(kConsumers == 2 || kConsumers == 3, "rows: 128 or 192 (TMA boxes <= 256)");
@@ -338,7 +339,13 @@ __device__ __forceinline__ void issue_pv(float (&o)[F::kDTiles * 4],
   for (int kk = 0; kk < F::kBlockN / 16; ++kk) {
     const uint64_t desc_v = sw128_descriptor(v_tile + kk * 16 * F::kRowBytes,
                                              F::kBlockN * F::kRowBytes, 1024);
-    if constexpr (F::kHeadDim == 128) {
+    if constexpr (F::kHeadDim == 256) {  // two products of 128 columns: V's parts 0-1, 2-3
+      const uint64_t desc_v_upper =
+          sw128_descriptor(v_tile + 2 * F::kBlockN * F::kRowBytes + kk * 16 * F::kRowBytes,
+                           F::kBlockN * F::kRowBytes, 1024);
+      wgmma_m64n128k16_rs<T>(*reinterpret_cast<float(*)[64]>(o), p_frag[kk], desc_v);
+      wgmma_m64n128k16_rs<T>(*reinterpret_cast<float(*)[64]>(o + 64), p_frag[kk], desc_v_upper);
+    } else if constexpr (F::kHeadDim == 128) {
       wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);
     } else {
       wgmma_m64n64k16_rs<T>(o, p_frag[kk], desc_v);
