@@ -2,7 +2,7 @@
 in the broadcast forms SDPA accepts (fully masked rows included; masks that hide whole tiles, which
 the wgmma kernels skip: causal, documents, key padding), dropout, and both together,
 with GQA and with padded head dims. Forward and backward must run on the tensor-core kernels
-(wgmma on compute capability 9.0, mma.sync elsewhere; over head dim 128 the forward only) and
+(wgmma on compute capability 9.0, mma.sync elsewhere; the backward over head dim 128 mma.sync) and
 agree with the CPU kernels of the same operator in float64: the same mask entries, the same
 Philox keep mask (philox.h), so the whole output and every gradient can be compared, dropout
 included. The mask cases are also compared with an independent float64 formula. Inputs are fresh
@@ -101,8 +101,8 @@ CASES = [
     ("none", 0.25, 128, 128, H, True),
     ("none", 0.1, 64, 64, 2, True),
     ("none", 0.5, 96, 96, H, True),
-    # Head dims over 128: the half-precision forward at 256 (as they are on Hopper, padded to 256
-    # elsewhere and for the transposed mask), the backward generic.
+    # Head dims over 128: the half-precision kernels at 256 (the forward as they are on Hopper,
+    # padded to 256 elsewhere and for the transposed mask).
     ("bool (B, 1, L, S)", 0.2, 256, 256, 2, False),
     ("bool causal (L, S)", 0.0, 256, 256, H, False),
     ("float (B, H, L, S) transposed view", 0.0, 200, 200, H, False),
@@ -172,8 +172,8 @@ def expected_kernels(dtype, mask, head_dim) -> tuple[str, ...]:
     """Substrings of the kernels that must run: the forward's, the backward's main one."""
     if dtype == torch.float32:
         return ("flash_forward_f32_kernel", "flash_backward_f32_kernel")
-    # Over head dim 128 the backward runs generic.
-    backward = "attention_backward_dkdv_kernel" if head_dim > 128 else None
+    # Over head dim 128 the backward is the mma.sync one on every device.
+    backward = "flash_backward_kernel" if head_dim > 128 else None
     if torch.cuda.get_device_capability() != (9, 0):
         return ("flash_forward_kernel", backward or "flash_backward_kernel")
     # On compute capability 9.0 the forward is the warp-specialized kernel, whose producer loads

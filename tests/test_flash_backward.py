@@ -42,7 +42,10 @@ pytestmark = NEEDS_CUDA
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 # float32: 3xTF32 (flash_backward_f32.cuh), held to float32's tolerance.
 DTYPES = [*HALF_DTYPES, torch.float32]
-HEAD_DIMS = [64, 128]  # the head dims the tensor-core backward covers
+# The head dims the tensor-core backward covers as they are (256: bf16/fp16 only, on the mma.sync
+# kernel on every device; float32's tensor-core kernels stop at 128, and over it float32 runs
+# generic).
+HEAD_DIMS = [64, 128, 256]
 # (leading dims, L, S): around the 64-row query blocks and 128-key blocks, L == S and L != S both
 # ways (causal: keys past the last row get zero gradients), batch * heads from 1 to 64.
 CASES = [
@@ -239,17 +242,18 @@ def kernels_launched(q, k, v, grad, causal=False):
 
 def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
     """bf16/fp16 with head dim 64 or 128 take the tensor-core backward (the wgmma kernel on
-    compute capability 9.0, the mma.sync one elsewhere), float32 the 3xTF32 one; head dims over
-    128, misaligned inputs and deterministic mode take the generic one. Without this, a
-    dispatch that always fell back would pass every result test above."""
+    compute capability 9.0, the mma.sync one elsewhere), at 256 (and 192, padded to it) the
+    mma.sync one everywhere; float32 up to 128 the 3xTF32 one; float32 over 128, misaligned
+    inputs and deterministic mode take the generic one. Without this, a dispatch that always
+    fell back would pass every result test above."""
     generator = torch.Generator().manual_seed(seed)
     if not kernels_launched(*make_inputs((2,), 100, 100, 64, torch.float32, generator)):
         pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable?)")
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    half_kernel = SM90_BACKWARD_KERNEL if hopper else BACKWARD_KERNEL
     for dtype in DTYPES:
-        for head_dim in HEAD_DIMS:
-            expected = F32_BACKWARD_KERNEL if dtype == torch.float32 else half_kernel
+        for head_dim in (*HEAD_DIMS, 192):
+            if dtype == torch.float32 and head_dim > 128:
+                continue  # generic: below
+            expected = tensor_core_kernels(dtype, head_dim)[1]
             for causal in (False, True):
                 names = kernels_launched(
                     *make_inputs((2, 3), 100, 150, head_dim, dtype, generator), causal=causal
@@ -262,7 +266,7 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
                     )
     declined = {
         "float32 e192": make_inputs((2,), 100, 100, 192, torch.float32, generator),
-        "bfloat16 e192": make_inputs((2,), 100, 100, 192, torch.bfloat16, generator),
+        "float32 e256": make_inputs((2,), 100, 100, 256, torch.float32, generator),
         "float16 e64 misaligned": tuple(
             randn((2 * 100 * 64 + 1,), torch.float16, generator)[1:].view(2, 100, 64)
             for _ in range(4)
@@ -289,12 +293,14 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
         torch.use_deterministic_algorithms(previous)
 
 
-def tensor_core_kernels(dtype) -> tuple[str, str]:
-    """The forward and backward kernels a problem of `dtype` runs on this device."""
+def tensor_core_kernels(dtype, head_dim=64) -> tuple[str, str]:
+    """The forward and backward kernels a problem of `dtype` whose wider head dim (E or Ev) is
+    `head_dim` runs on this device (float32: up to 128). The wgmma backward stops at 128."""
     if dtype == torch.float32:
         return ("flash_forward_f32_kernel", F32_BACKWARD_KERNEL)
     if torch.cuda.get_device_capability() == (9, 0):
-        return ("flash_forward_sm90_ws_kernel", SM90_BACKWARD_KERNEL)
+        backward = SM90_BACKWARD_KERNEL if head_dim <= 128 else BACKWARD_KERNEL
+        return ("flash_forward_sm90_ws_kernel", backward)
     return ("flash_forward_kernel", BACKWARD_KERNEL)
 
 
@@ -324,8 +330,8 @@ def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed
     tensor-core kernels, reading the shared K/V head (never a repeated copy); the output and dQ,
     dK, dV against float64, each K/V head's gradient the sum over its query heads."""
     generator = torch.Generator().manual_seed(seed)
-    expected = tensor_core_kernels(dtype)
-    for head_dim in HEAD_DIMS:
+    for head_dim in HEAD_DIMS if dtype != torch.float32 else [64, 128]:
+        expected = tensor_core_kernels(dtype, head_dim)
         scale = 1.0 / math.sqrt(head_dim)
         for kv_heads, len_q, len_kv in GQA_CASES:
             q = randn((2, 8, len_q, head_dim), dtype, generator)
@@ -360,8 +366,10 @@ def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed
 
 
 # (E, Ev) the tensor-core kernels do not take as they are: run at head dim 64 or 128 with zero
-# columns (attention_cuda.cu's padded_head_dim), the extra output and gradient columns cut off.
+# columns (attention_cuda.cu's padded_head_dim), the extra output and gradient columns cut off;
+# over 128 (bf16/fp16 only) at 256.
 PADDED_HEAD_DIMS = [(80, 80), (96, 96), (32, 32), (128, 64), (48, 80), (8, 16)]
+WIDE_PADDED_HEAD_DIMS = [(192, 192), (200, 136), (72, 256)]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -369,11 +377,12 @@ PADDED_HEAD_DIMS = [(80, 80), (96, 96), (32, 32), (128, 64), (48, 80), (8, 16)]
 def test_other_head_dims_run_padded_on_the_tensor_cores(fixed, seed, dtype, causal):
     """Head dims other than 64 and 128, and Ev != E: forward and backward on the tensor-core
     kernels at the padded width; the output and dQ, dK, dV, in the caller's shapes, against
-    float64. Over 128 stays generic (test_the_tensor_core_backward_runs_where_it_should)."""
+    float64. float32 over 128 stays generic (test_the_tensor_core_backward_runs_where_it_should)."""
     generator = torch.Generator().manual_seed(seed)
-    expected = tensor_core_kernels(dtype)
     ops = torch.ops.fixed_attention
-    for head_dim, head_dim_v in PADDED_HEAD_DIMS:
+    wide = WIDE_PADDED_HEAD_DIMS if dtype != torch.float32 else []
+    for head_dim, head_dim_v in PADDED_HEAD_DIMS + wide:
+        expected = tensor_core_kernels(dtype, max(head_dim, head_dim_v))
         scale = 1.0 / math.sqrt(head_dim)
         q, k = (randn((2, 3, n, head_dim), dtype, generator) for n in (130, 200))
         v = randn((2, 3, 200, head_dim_v), dtype, generator)
@@ -447,6 +456,8 @@ SANITIZER_SCRIPT = textwrap.dedent(
         (torch.float16, 64, 300, 129, True),
         (torch.float32, 64, 130, 300, False),
         (torch.float32, 64, 300, 129, True),
+        (torch.bfloat16, 256, 200, 333, True),
+        (torch.float16, 256, 131, 70, False),
     ):
         q, k, v = (
             torch.randn(2, n, head_dim, generator=generator).to("cuda", dtype).requires_grad_()
@@ -475,6 +486,14 @@ SANITIZER_SCRIPT = textwrap.dedent(
     )
     mask = torch.randn(2, 4, 300, 130, generator=generator).cuda().transpose(-1, -2)
     fixed.fast_attention(q, k, v, attn_mask=mask, enable_gqa=True).sum().backward()
+    # Head dim 200 (padded to 256): GQA, a boolean mask and dropout.
+    q, k, v = (
+        torch.randn(2, h, n, 200, generator=generator).to("cuda", torch.bfloat16).requires_grad_()
+        for h, n in ((4, 150), (2, 200), (2, 200))
+    )
+    mask = (torch.rand(150, 200, generator=generator) > 0.3).cuda()
+    out = fixed.fast_attention(q, k, v, attn_mask=mask, dropout_p=0.1, enable_gqa=True)
+    out.sum().backward()
     torch.cuda.synchronize()
     print("sanitizer script done")
     """

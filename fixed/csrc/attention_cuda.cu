@@ -10,8 +10,8 @@
 // there, so nvcc can compile-check them without a GPU. Half and bfloat16 run on the tensor-core
 // kernels with every SDPA argument (a mask, dropout, grouped-query heads), and so do other head
 // dims and Ev != E up to 128: as they are on Hopper's forward, padded elsewhere
-// (padded_head_dim); the forward takes head dims up to 256 too (as they are on Hopper, padded
-// to 256 elsewhere), the backward runs them generic. float32 runs on tensor cores too, in
+// (padded_head_dim); and so do head dims up to 256 (the forward as they are on Hopper, padded
+// to 256 elsewhere; the backward padded to 256). float32 runs on tensor cores too, in
 // 3xTF32 (float32's accuracy): the forward and backward at head dims 64 and 128
 // (flash_forward_f32.cuh, flash_backward_f32.cuh), other head dims up to 128 padded; wider
 // heads run generic.
@@ -156,17 +156,16 @@ kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale
 }
 
 // The head dim at which a case runs on the tensor-core kernels when its own E and Ev are not a
-// pair they take (Ev = E = 64 or 128; and 256 in the half-precision forward): the narrowest of
-// those that holds both, Q, K and V padded with zero columns. Zero columns add nothing to Q K^T,
-// and V's give output (and gradient) columns that are cut off: the same function, on tensor
-// cores (a mask and dropout act on scores, which padding leaves as they are). 0 where the case
-// runs as it is, or stays on the generic kernels anyway (wider than the kernels of its pass).
-enum class Pass { kForward, kBackward };
-int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape, Pass pass) {
+// pair they take (Ev = E = 64, 128, and for half and bfloat16 256): the narrowest of those that
+// holds both, Q, K and V padded with zero columns. Zero columns add nothing to Q K^T, and V's
+// give output (and gradient) columns that are cut off: the same function, on tensor cores (a
+// mask and dropout act on scores, which padding leaves as they are). 0 where the case runs as
+// it is, or stays on the generic kernels anyway (float32 over 128).
+int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape) {
   const at::ScalarType dtype = query.scalar_type();
   const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
   const bool tensor_cores = half || dtype == at::kFloat;
-  const int64_t widest_kernel = half && pass == Pass::kForward ? 256 : 128;
+  const int64_t widest_kernel = half ? 256 : 128;
   const int64_t widest = std::max(shape.head_dim, shape.head_dim_v);
   if (!tensor_cores || widest > widest_kernel) {
     return 0;
@@ -250,7 +249,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   // Head dims the tensor-core kernels compute at a padded width: Hopper's takes them as they are
   // (multiples of 8); elsewhere (or where it declines) the problem is padded below, never given
   // to the generic one.
-  const int64_t width = padded_head_dim(query, shape, Pass::kForward);
+  const int64_t width = padded_head_dim(query, shape);
 
   bool launched = false;
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
@@ -317,9 +316,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   at::Tensor grad_value = at::empty(value.sizes(), value.options());  // (..., S, Ev)
   // As the forward, at a padded head dim; not in deterministic mode, whose generic kernels take
   // any head dim as it is.
-  const int64_t width = at::globalContext().deterministicAlgorithms()
-                            ? 0
-                            : padded_head_dim(query, shape, Pass::kBackward);
+  const int64_t width =
+      at::globalContext().deterministicAlgorithms() ? 0 : padded_head_dim(query, shape);
   if (width > 0) {
     auto [wide_dq, wide_dk, wide_dv] = attention_backward_cuda(
         padded(grad_output, width), padded(query, width), padded(key, width),

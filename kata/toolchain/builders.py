@@ -254,6 +254,7 @@ CUDA_HEADERS = tuple(
         "flash_backward_rows.cuh",
         "flash_backward_f32_rows.cuh",
         "flash_backward_f32.cuh",
+        "flash_backward_tiling.cuh",
         "flash_backward.cuh",
         "wgmma.cuh",
         "sm90_pipeline.cuh",

@@ -1,5 +1,5 @@
 // FlashAttention-2-style backward for half and bfloat16 on tensor cores (mma.sync m16n8k16,
-// ldmatrix, cp.async: sm_80 and later), head dims 64 and 128. The launcher at the bottom
+// ldmatrix, cp.async: sm_80 and later), head dims 64, 128 and 256. The launcher at the bottom
 // returns false, launching nothing, for every case it does not cover (float32, other head dims,
 // Ev != E, tensors not 16-byte aligned, no sm_80+ image for the device; GQA it takes, with dK
 // and dV per query head for the caller to sum, and a mask and dropout, as the forward does);
@@ -73,6 +73,11 @@
 // Registers (nvcc 13.0, sm_90): 255 per thread for both variants, with 20 (D = 64) and 60
 // (D = 128) bytes of spill; accumulators dK, dV 2 x D / 2 fp32, S^T and dP^T 2 x R / 2, the K
 // and V fragments D / 2.
+// D = 256 (BackwardTiling256): dK and dV of all 256 dims would take every register, so a key
+// block is two work items, each computing dK, dV and dQ for 128 of the head dims from S^T and
+// dP^T over all of them (1.4x the products' FLOPs); the K and V fragments are read at each
+// k-step instead of held; K, V [128][256] + Q, dO [64][256] in one buffer, refilled once the
+// dK and dV products are done (under dQ): 208 KB. 255 registers, 0-16 bytes of spill.
 // Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
 #ifndef FIXED_FLASH_BACKWARD_CUH_
 #define FIXED_FLASH_BACKWARD_CUH_
@@ -88,53 +93,12 @@
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
 #include "flash_backward_f32.cuh"   // float32 in 3xTF32
 #include "flash_backward_rows.cuh"  // prologue and dq kernels, shared-memory helpers
+#include "flash_backward_tiling.cuh"  // BackwardTiling and the variants the launcher uses
 #include "flash_common.cuh"         // PTX wrappers, swizzled tiles, load_tile
 
 namespace fixed_attention {
 namespace kernels {
 namespace flash {
-
-// kHeadDim: 64 or 128 (E must equal it). kBlockM: query rows per loop iteration, 64 or 128.
-// kSliceRows: query rows per slice, the unit in which S^T, dP^T, P^T and dS^T live in registers.
-template <int kHeadDim_, int kBlockM_, int kSliceRows_>
-struct BackwardTiling {
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kWarps = 8;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockN = 16 * kWarps;  // keys per CTA, 16 per warp
-  static constexpr int kBlockM = kBlockM_;     // query rows per loop iteration
-  static constexpr int kSliceRows = kSliceRows_;
-  static constexpr int kSlices = kBlockM / kSliceRows;
-  static constexpr int kSliceTiles = kSliceRows / 8;  // n-tiles of S^T, dP^T per slice
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row of Q, K, V, dO
-  static constexpr int kKSteps = kHeadDim / 16;  // k-steps of S^T, dP^T
-  static constexpr int kDTiles = kHeadDim / 8;   // n-tiles of dV, dK
-  // dQ: warp w takes m-tile w % kRowTiles and column group w / kRowTiles.
-  static constexpr int kRowTiles = kBlockM / 16;
-  static constexpr int kColGroups = kWarps / kRowTiles;
-  static constexpr int kDqCols = kHeadDim / kColGroups;
-  static constexpr int kDqTiles = kDqCols / 8;
-  static constexpr int kKeySteps = kBlockN / 16;  // k-steps of dQ (keys)
-  static constexpr int kKVElems = kBlockN * kHeadDim;
-  static constexpr int kQElems = kBlockM * kHeadDim;
-  static constexpr int kDsElems = kBlockN * kBlockM;
-  // K + V + 2 x (Q + dO) + dS^T, 2 bytes each; 2 x (lse + delta), 4 bytes each.
-  static constexpr std::size_t kSmemBytes =
-      2 * (2 * kKVElems + 4 * kQElems + kDsElems) + 2 * 2 * kBlockM * 4;
-
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
-  static_assert(kBlockM == 64 || kBlockM == 128, "dS^T rows of 8 or 16 chunks (swizzle)");
-  static_assert(kSliceRows % 16 == 0 && kBlockM % kSliceRows == 0, "whole k-steps per slice");
-  static_assert(kWarps % kRowTiles == 0 && kDqTiles % 2 == 0, "whole dQ tiles per warp");
-  static_assert(kThreads % kChunks == 0 && 32 % kChunks == 0, "whole rows per copy pass");
-  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
-};
-
-// The variants the launcher uses (perf/NOTES.md, v5 and v8): at D = 64, 128-row query blocks
-// (half the barriers and fixed costs per FLOP) in slices of 32; at D = 128, dK and dV take 128
-// registers, and the K and V fragments 64 more: 64-row query blocks in slices of 16.
-using BackwardTiling64 = BackwardTiling<64, 128, 32>;
-using BackwardTiling128 = BackwardTiling<128, 64, 16>;
 
 // ------------------------------------------------------------------------ the main kernel
 
@@ -154,14 +118,15 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
                                                    const bool longest_first) {
   constexpr int D = F::kHeadDim, BM = F::kBlockM, BN = F::kBlockN;
   constexpr int kSliceTiles = F::kSliceTiles, kDTiles = F::kDTiles, kDqTiles = F::kDqTiles;
+  constexpr int kOutChunks = F::kOutDims / 8;  // chunks of dK, dV, dQ per work item
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ uint4 flash_smem[];  // 16-byte aligned
   const uint32_t k_tile = smem_addr(flash_smem);
   const uint32_t v_tile = k_tile + F::kKVElems * 2;
-  const uint32_t q_tiles = v_tile + F::kKVElems * 2;     // 2 buffers of kQElems
-  const uint32_t do_tiles = q_tiles + 2 * F::kQElems * 2;  // 2 buffers of kQElems
-  const uint32_t ds_tile = do_tiles + 2 * F::kQElems * 2;  // [BN][BM]
-  const uint32_t stats = ds_tile + F::kDsElems * 2;       // 2 x (lse [BM], delta [BM])
+  const uint32_t q_tiles = v_tile + F::kKVElems * 2;  // kQBuffers buffers of kQElems
+  const uint32_t do_tiles = q_tiles + F::kQBuffers * F::kQElems * 2;
+  const uint32_t ds_tile = do_tiles + F::kQBuffers * F::kQElems * 2;  // [BN][BM]
+  const uint32_t stats = ds_tile + F::kDsElems * 2;  // kQBuffers x (lse [BM], delta [BM])
   constexpr uint32_t kQBytes = F::kQElems * 2;
   constexpr uint32_t kStatsBytes = 2 * BM * 4;
 
@@ -202,9 +167,13 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
   const int slot = g & 3;  // the lane's place among those sharing Philox blocks
   static_assert(kSliceTiles % 2 == 0, "dropout's Philox blocks are drawn for two n-tiles at once");
 
-  for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
-    const int64_t b = longest_first ? item % p.batch : item / key_blocks;
-    const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
+  for (int64_t item = blockIdx.x; item < p.batch * key_blocks * F::kDimParts; item += gridDim.x) {
+    // A key block's kDimParts items are adjacent (they read the same K, V, Q and dO); `part`
+    // picks the head dims of dK, dV and dQ this one computes.
+    const int64_t block_item = item / F::kDimParts;
+    const int out_chunk0 = static_cast<int>(item % F::kDimParts) * kOutChunks;
+    const int64_t b = longest_first ? block_item % p.batch : block_item / key_blocks;
+    const int64_t n0 = (longest_first ? block_item / p.batch : block_item % key_blocks) * BN;
     const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
     const int64_t kv_b = b * S * D;  // where dK and dV go: per batch item, also under GQA
     const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
@@ -227,13 +196,13 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
     cp_async_commit();
 
     // The A fragments of this warp's 16 keys of K and V over the whole head dim, held in
-    // registers for the whole work item: every query block multiplies by them.
+    // registers for the whole work item (kHoldKV): every query block multiplies by them.
     cp_async_wait<1>();
     __syncthreads();
-    uint32_t k_frag[F::kKSteps][4];
-    uint32_t v_frag[F::kKSteps][4];
+    uint32_t k_frag[F::kHoldKV ? F::kKSteps : 1][4];
+    uint32_t v_frag[F::kHoldKV ? F::kKSteps : 1][4];
 #pragma unroll
-    for (int ks = 0; ks < F::kKSteps; ++ks) {  // d = 16 ks .. + 15
+    for (int ks = 0; F::kHoldKV && ks < F::kKSteps; ++ks) {  // d = 16 ks .. + 15
       const uint32_t pair = static_cast<uint32_t>(2 * ks);
       ldmatrix_x4(k_frag[ks], k_a_lane + ((a_chunk ^ pair) << 4));
       ldmatrix_x4(v_frag[ks], v_a_lane + ((a_chunk ^ pair) << 4));
@@ -253,14 +222,14 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
 #pragma unroll 1
     for (int it = 0; it < n_iters; ++it) {
       const int64_t m0 = m_begin + static_cast<int64_t>(it) * BM;
-      const uint32_t buf = static_cast<uint32_t>(it & 1);
+      const uint32_t buf = F::kQBuffers == 2 ? static_cast<uint32_t>(it & 1) : 0u;
       const uint32_t q_buf = q_tiles + buf * kQBytes;
       const uint32_t do_buf = do_tiles + buf * kQBytes;
       const uint32_t lse_buf = stats + buf * kStatsBytes;
       const uint32_t delta_buf = lse_buf + BM * 4;
       cp_async_wait<0>();  // this thread's copies of block `it` have landed
       __syncthreads();     // everyone's have; every warp is done with block it - 1
-      if (it + 1 < n_iters) {
+      if (F::kQBuffers == 2 && it + 1 < n_iters) {
         const int64_t next = m0 + BM;
         const uint32_t other = (buf ^ 1u) * kQBytes;
         const uint32_t other_stats = stats + (buf ^ 1u) * kStatsBytes;
@@ -291,18 +260,26 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
         }
 #pragma unroll
         for (int ks = 0; ks < F::kKSteps; ++ks) {  // d = 16 ks .. + 15
+          uint32_t k_step[4], v_step[4];  // this k-step's K and V fragments, when not held
+          if constexpr (!F::kHoldKV) {
+            const uint32_t pair = static_cast<uint32_t>(2 * ks);
+            ldmatrix_x4(k_step, k_a_lane + ((a_chunk ^ pair) << 4));
+            ldmatrix_x4(v_step, v_a_lane + ((a_chunk ^ pair) << 4));
+          }
+          const uint32_t(&ka)[4] = F::kHoldKV ? k_frag[F::kHoldKV ? ks : 0] : k_step;
+          const uint32_t(&va)[4] = F::kHoldKV ? v_frag[F::kHoldKV ? ks : 0] : v_step;
 #pragma unroll
           for (int np = 0; np < kSliceTiles / 2; ++np) {  // the slice's queries 16 np .. + 15
             const uint32_t row = b_row + (slice * F::kSliceRows + np * 16) * D * 2 +
                                  ((b_chunk ^ static_cast<uint32_t>(2 * ks)) << 4);
             uint32_t qb[4];
             ldmatrix_x4(qb, q_buf + row);
-            mma_16816<T>(s[2 * np], k_frag[ks], qb[0], qb[1]);
-            mma_16816<T>(s[2 * np + 1], k_frag[ks], qb[2], qb[3]);
+            mma_16816<T>(s[2 * np], ka, qb[0], qb[1]);
+            mma_16816<T>(s[2 * np + 1], ka, qb[2], qb[3]);
             uint32_t ob[4];
             ldmatrix_x4(ob, do_buf + row);
-            mma_16816<T>(dp[2 * np], v_frag[ks], ob[0], ob[1]);
-            mma_16816<T>(dp[2 * np + 1], v_frag[ks], ob[2], ob[3]);
+            mma_16816<T>(dp[2 * np], va, ob[0], ob[1]);
+            mma_16816<T>(dp[2 * np + 1], va, ob[2], ob[3]);
           }
         }
 
@@ -369,9 +346,9 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
           da[2] = pack2<T>(dp[2 * np + 1][0], dp[2 * np + 1][1]);
           da[3] = pack2<T>(dp[2 * np + 1][2], dp[2 * np + 1][3]);
 #pragma unroll
-          for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {  // d = 16 dp2 .. + 15
-            const uint32_t row =
-                trans_row + kk * 16 * D * 2 + ((a_chunk ^ static_cast<uint32_t>(2 * dp2)) << 4);
+          for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {  // d = 8 out_chunk0 + 16 dp2 .. + 15
+            const uint32_t chunk = static_cast<uint32_t>(out_chunk0 + 2 * dp2);
+            const uint32_t row = trans_row + kk * 16 * D * 2 + ((a_chunk ^ chunk) << 4);
             uint32_t ob[4];
             ldmatrix_x4_trans(ob, do_buf + row);
             mma_16816<T>(dv_acc[2 * dp2], pa, ob[0], ob[1]);
@@ -383,9 +360,19 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
           }
         }
       }
-      __syncthreads();  // the whole dS^T tile is written
+      __syncthreads();  // the whole dS^T tile is written; every warp is done with Q and dO
+      if (F::kQBuffers == 1 && it + 1 < n_iters) {  // the one buffer's next block, under dQ
+        const int64_t next = m0 + BM;
+        load_tile<F, BM>(q_tiles, q + (b * L + next) * D, L - next, tid);
+        load_tile<F, BM>(do_tiles, dout + (b * L + next) * D, L - next, tid);
+        load_row_stats<BM>(stats, stats + BM * 4, lse_log2 + b * rows_padded + next,
+                           delta + b * rows_padded + next, tid);
+        cp_async_commit();
+      }
 
-      // dQ rows m0 + 16 dq_mt .., columns 8 dq_c0 .. + kDqCols, over the block's 128 keys.
+      // dQ rows m0 + 16 dq_mt .., columns 8 (out_chunk0 + dq_c0) .. + kDqCols, over the block's
+      // 128 keys.
+      const int dq_chunk0 = out_chunk0 + dq_c0;
       float dq[kDqTiles][4];
 #pragma unroll
       for (int j = 0; j < kDqTiles; ++j) {
@@ -402,7 +389,7 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
         for (int dp2 = 0; dp2 < kDqTiles / 2; ++dp2) {
           uint32_t kb[4];
           ldmatrix_x4_trans(kb, k_tile + trans_row + kk * 16 * D * 2 +
-                                    ((a_chunk ^ static_cast<uint32_t>(dq_c0 + 2 * dp2)) << 4));
+                                    ((a_chunk ^ static_cast<uint32_t>(dq_chunk0 + 2 * dp2)) << 4));
           mma_16816<T>(dq[2 * dp2], dsa, kb[0], kb[1]);
           mma_16816<T>(dq[2 * dp2 + 1], dsa, kb[2], kb[3]);
         }
@@ -411,7 +398,7 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
       float* const dq_rows = dq_accum + (b * rows_padded + m0 + 16 * dq_mt + g) * D + 2 * t;
 #pragma unroll
       for (int j = 0; j < kDqTiles; ++j) {
-        const int chunk = kSwizzledDq ? swizzled_dq_chunk(dq_c0 + j, g) : dq_c0 + j;
+        const int chunk = kSwizzledDq ? swizzled_dq_chunk(dq_chunk0 + j, g) : dq_chunk0 + j;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           red_add_f32x2(dq_rows + 8 * h * D + 8 * chunk, dq[j][2 * h], dq[j][2 * h + 1]);
@@ -420,7 +407,8 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
     }
 
     // Epilogue: dK (times scale) and dV through this warp's own rows of the K and V tiles, then
-    // 16-byte stores of whole rows. The barrier: no copies in flight, every warp done with K.
+    // 16-byte stores of the item's part of each row. The barrier: no copies in flight, every
+    // warp done with K.
     cp_async_wait<0>();
     __syncthreads();
 #pragma unroll
@@ -428,7 +416,8 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
       const int row = key_row0 + g + 8 * h;  // row & 7 == g
 #pragma unroll
       for (int j = 0; j < kDTiles; ++j) {
-        const uint32_t offset = swizzled<D>(row, j) + 4 * t;  // columns 8 j + 2 t, + 1
+        // Columns 8 (out_chunk0 + j) + 2 t, + 1.
+        const uint32_t offset = swizzled<D>(row, out_chunk0 + j) + 4 * t;
         st_shared_b32(k_tile + offset,
                       pack2<T>(dk_acc[j][2 * h] * p.scale, dk_acc[j][2 * h + 1] * p.scale));
         st_shared_b32(v_tile + offset, pack2<T>(dv_acc[j][2 * h], dv_acc[j][2 * h + 1]));
@@ -436,11 +425,11 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
     }
     __syncwarp();
     const unsigned char* const smem_bytes = reinterpret_cast<const unsigned char*>(flash_smem);
-    constexpr int kRowsPerStep = 32 / F::kChunks;
+    constexpr int kRowsPerStep = 32 / kOutChunks;
 #pragma unroll
     for (int step = 0; step < 16 / kRowsPerStep; ++step) {
-      const int row = key_row0 + step * kRowsPerStep + lane / F::kChunks;
-      const int chunk = lane % F::kChunks;
+      const int row = key_row0 + step * kRowsPerStep + lane / kOutChunks;
+      const int chunk = out_chunk0 + lane % kOutChunks;
       const int64_t key = n0 + row;
       const uint32_t offset = swizzled<D>(row, chunk);
       if (key < S) {
@@ -516,6 +505,9 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
     case 128:
       return launch_backward<T, BackwardTiling128>(dout, q, k, v, out, lse, lse_log2, delta,
                                                      dq_accum, dq, dk, dv, p, stream);
+    case 256:
+      return launch_backward<T, BackwardTiling256>(dout, q, k, v, out, lse, lse_log2, delta,
+                                                     dq_accum, dq, dk, dv, p, stream);
     default: return false;
   }
 }
@@ -528,6 +520,7 @@ inline int64_t backward_rows(const AttentionProblem& p) {
   switch (p.head_dim) {
     case 64: return padded_rows<BackwardTiling64>(p.len_q);
     case 128: return padded_rows<BackwardTiling128>(p.len_q);
+    case 256: return padded_rows<BackwardTiling256>(p.len_q);
     default: return 0;
   }
 }

@@ -174,9 +174,10 @@ using BackwardMainKernel = void(const T*, const T*, const T*, const T*, const fl
 
 // The backward's three launches on `stream`: the prologue and dq kernels of tiling F, and
 // `kernel` (F's flash_backward_kernel, or a kernel of F's CTA shape: kThreads threads, blocks
-// of kBlockN keys, the workspace padded to F::kBlockM rows) with `smem_bytes` of dynamic shared
-// memory; kSwizzledDq: `kernel` leaves the dQ accumulator swizzled (swizzled_dq_chunk). After
-// a failed launch it stops, leaving the error for the caller's launch check.
+// of kBlockN keys, F::kDimParts work items each, the workspace padded to F::kBlockM rows) with
+// `smem_bytes` of dynamic shared memory; kSwizzledDq: `kernel` leaves the dQ accumulator
+// swizzled (swizzled_dq_chunk). After a failed launch it stops, leaving the error for the
+// caller's launch check.
 template <typename T, class F, bool kSwizzledDq = false>
 void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* dout, const T* q,
               const T* k, const T* v, const T* out, const float* lse, float* lse_log2,
@@ -191,7 +192,7 @@ void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* do
     return;
   }
   kernels::detail::allow_shared_memory(kernel, smem_bytes);
-  const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN);
+  const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN) * F::kDimParts;
   const bool longest_first = p.causal && longest_first_pays(p.batch, p.len_q, p.head_dim);  // Q, dO
   kernel<<<kernels::detail::grid_for(work), F::kThreads, smem_bytes, stream>>>(
       q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows, longest_first);
