@@ -10,9 +10,10 @@ Four sections (`--only` picks some):
             each row ends with fixed's speed over cuDNN's, the bar on Hopper (SDPA's default
             there; the faster of the cuDNN backend forced and the default, which forcing can
             slow down). The JSON rows carry ratio_to_flash and ratio_to_cudnn. Needs a CUDA GPU.
-  args      SDPA's other arguments (a bool or float mask, GQA, head dim 80, Ev = D/2, dropout)
-            and float32 inputs at LLM shapes, bfloat16 but that case, H=16, S=2048 (B=4) and
-            8192 (B=1), D=64 and 128, forward and forward+backward: fixed against SDPA's default
+  args      SDPA's other arguments (a bool or float mask, GQA, head dims 80 and 256, Ev = D/2,
+            dropout) and float32 inputs at LLM shapes, bfloat16 but that case, H=16, S=2048
+            (B=4) and 8192 (B=1), D=64 and 128, forward and forward+backward: fixed against
+            SDPA's default
             and against SDPA's best backend for the case (the fastest of flash, efficient and
             cuDNN that takes the call), whose name the row gives. The JSON rows carry
             ratio_to_sdpa and ratio_to_best. Needs a CUDA GPU.

@@ -3,10 +3,10 @@ D = 64 and 128, forward and forward+backward, at S = 2048 with B = 4 and S = 819
 (there a call is 4x the work of S = 2048's; B = 4 would make it 16x and the float32 reference's
 score tensors 17 GB each). Each case changes one thing from the plain row: a bool mask (the
 causal mask as a tensor: half its blocks hidden, which the Hopper kernels skip), an additive
-(1, 1, L, S) float mask (nothing hidden), grouped-query heads 16:4, head dim 80 (E = Ev = 80, its
-one D), Ev = D/2, dropout, float32 inputs (the only case not in bfloat16). Every row runs
-fixed/'s tensor-core kernels; head dim 80 and Ev != E at 64 or 128, whichever holds them
-(perf/NOTES.md); float32's forward in 3xTF32, its backward on the generic kernels.
+(1, 1, L, S) float mask (nothing hidden), grouped-query heads 16:4, head dims 80 and 256 (E = Ev,
+each its one D), Ev = D/2, dropout, float32 inputs (the only case not in bfloat16). Every row runs
+fixed/'s tensor-core kernels: head dim 80 and Ev != E at 64 or 128, whichever holds them (as
+they are in Hopper's forward, padded elsewhere; perf/NOTES.md), 256 as it is; float32 in 3xTF32.
 
 Each (case, S, D, pass) has three rows: fixed, SDPA's default (what a caller gets) and "SDPA
 best" (what SDPA can do with those arguments): the fastest of its default and of its flash,
@@ -72,6 +72,7 @@ CASES = (
     Case("float mask", mask="float"),
     Case("GQA 16:4", heads_kv=4),
     Case("head dim 80", head_dim=80),
+    Case("head dim 256", head_dim=256),
     Case("Ev D/2", half_v=True),
     Case("dropout 0.1", dropout_p=0.1),
     Case("float32", dtype=torch.float32),

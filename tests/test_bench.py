@@ -97,7 +97,8 @@ def test_quick_run_skips_every_llm_row_for_want_of_a_gpu(quick_report):
 @CPU_ONLY
 def test_quick_run_skips_every_args_row_for_want_of_a_gpu(quick_report):
     rows = rows_of(quick_report, "args")
-    # --quick: one S and one D (head dim 80 its own), every case and pass, three rows each.
+    # --quick: one S and one D (head dims 80 and 256 their own), every case and pass, three rows
+    # each.
     assert {(r["case"], r["shape"][2], r["shape"][3]) for r in rows} == {
         (case.name, 1024, case.head_dim or 128) for case in arguments.CASES
     }
@@ -397,11 +398,12 @@ def test_llm_table_shows_fixed_over_cudnn(cpu_bench):
 
 
 def args_grid() -> set[tuple]:
-    """(case, B, S, D, Ev) as the issue asks for them: B = 1 at S = 8192, head dim 80 at
-    E = Ev = 80 alone, Ev = D/2; every case in bfloat16 but the float32 one."""
+    """(case, B, S, D, Ev) as the issue asks for them: B = 1 at S = 8192, head dims 80 and 256
+    at E = Ev alone, Ev = D/2; every case in bfloat16 but the float32 one."""
     grid = set()
     for seq, batch in ((2048, 4), (8192, 1)):
         grid.add(("head dim 80", batch, seq, 80, 80))
+        grid.add(("head dim 256", batch, seq, 256, 256))
         for dim in (64, 128):
             for name in ("plain", "bool mask", "float mask", "GQA 16:4", "dropout 0.1", "float32"):
                 grid.add((name, batch, seq, dim, dim))
