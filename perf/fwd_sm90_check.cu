@@ -143,8 +143,8 @@ bool run_forward(int which, const T* q, const T* k, const T* v, T* out, float* l
                                                                     nullptr);
     default: {
       // The other causal order than the one launch takes.
-      const bool flipped = d64 ? !ws::longest_first_for<ws::Tile64>(true)
-                               : !ws::longest_first_for<ws::Tile128>(true);
+      const bool flipped = d64 ? !ws::longest_first_for<ws::Tile64>(true, p.batch)
+                               : !ws::longest_first_for<ws::Tile128>(true, p.batch);
       return d64 ? ws::launch_in_order<T, ws::Tile64>(q, k, v, out, lse, p, flipped, nullptr)
                  : ws::launch_in_order<T, ws::Tile128>(q, k, v, out, lse, p, flipped, nullptr);
     }

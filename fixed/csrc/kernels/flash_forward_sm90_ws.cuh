@@ -191,21 +191,22 @@ bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
   }
 }
 
-// The causal work order as measured for this kernel on an H100 (perf/NOTES.md, v21; B x H = 64,
-// S = 4096, 8192 and 16384; perf/fwd_sm90_check.cu's "ws order flipped"): longest first at
-// D = 64 (1.04-1.18x), batch-major at D = 128 (1.08-1.16x), at every S. The wgmma kernel's L2
-// rule (flash_common.cuh's longest_first_pays, fitted on an H200) chose the slower order in
-// three of those six.
+// The causal work order as measured for this kernel on an H100 (perf/NOTES.md, v21 and v23;
+// B x H = 4 to 128, S = 2048 to 8192): longest first at D = 64 (0.99-1.76x batch-major's
+// speed); at D = 128 and 256 longest first where there are at most 16 batch items (B x H),
+// 0.98-1.75x, and batch-major with more, where longest first ran at 0.60-0.99x. The wgmma
+// kernel's L2 rule (flash_common.cuh's longest_first_pays, fitted on an H200) chose the slower
+// order in three of v21's six cells.
 template <class F>
-constexpr bool longest_first_for(bool causal) {
-  return causal && F::kHeadDim == 64;
+constexpr bool longest_first_for(bool causal, int64_t batch) {
+  return causal && (F::kHeadDim == 64 || batch <= 16);
 }
 
 template <typename T, class F, class FArgs = F>
 bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
             cudaStream_t stream) {
-  return launch_in_order<T, F, FArgs>(q, k, v, out, lse, p, longest_first_for<F>(p.causal),
-                                      stream);
+  return launch_in_order<T, F, FArgs>(q, k, v, out, lse, p,
+                                      longest_first_for<F>(p.causal, p.batch), stream);
 }
 #else  // a toolkit without tensor maps
 template <typename T, class F, class FArgs = F>
