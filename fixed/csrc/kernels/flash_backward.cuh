@@ -168,8 +168,8 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
   static_assert(kSliceTiles % 2 == 0, "dropout's Philox blocks are drawn for two n-tiles at once");
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks * F::kDimParts; item += gridDim.x) {
-    // A key block's kDimParts items are adjacent (they read the same K, V, Q and dO); `part`
-    // picks the head dims of dK, dV and dQ this one computes.
+    // A key block's kDimParts items are adjacent (they read the same K, V, Q and dO); item %
+    // kDimParts picks the head dims of dK, dV and dQ this one computes, from chunk out_chunk0.
     const int64_t block_item = item / F::kDimParts;
     const int out_chunk0 = static_cast<int>(item % F::kDimParts) * kOutChunks;
     const int64_t b = longest_first ? block_item % p.batch : block_item / key_blocks;
