@@ -131,6 +131,37 @@ __device__ __forceinline__ SplitFragment<2> split_b_fragment(uint32_t address, u
   return b;
 }
 
+// acc += A B over one query block: A from the C fragments `scores` (P^T or dS^T, keys x the
+// block's queries), B the block's tile at `b_lane` (dO or Q; this lane's offset included), the
+// pass's columns from col0. Summed in zeroed accumulators, then added to acc by FFMA: the tensor
+// cores' accumulation truncates, a drift over many blocks (perf/NOTES.md, v22).
+template <class F>
+__device__ __forceinline__ void add_block_product(float (&acc)[F::kDTiles][4],
+                                                  const float (&scores)[F::kQTiles][4],
+                                                  uint32_t b_lane, int col0) {
+  float part[F::kDTiles][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < F::kQTiles; ++kk) {
+    SplitFragment<4> a;
+    split_tf32(scores[kk][0], a.hi[0], a.lo[0]);
+    split_tf32(scores[kk][2], a.hi[1], a.lo[1]);
+    split_tf32(scores[kk][1], a.hi[2], a.lo[2]);
+    split_tf32(scores[kk][3], a.hi[3], a.lo[3]);
+#pragma unroll
+    for (int dj = 0; dj < F::kDTiles; ++dj) {
+      const uint32_t at = b_lane + (kk * 8 * F::kStride + col0 + dj * 8) * 4;
+      mma_3xtf32(part[dj], a, split_b_fragment(at, F::kStride * 4));
+    }
+  }
+#pragma unroll
+  for (int dj = 0; dj < F::kDTiles; ++dj) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      acc[dj][e] += part[dj][e];
+    }
+  }
+}
+
 template <class F, int kArgs>
 __global__ void __launch_bounds__(F::kThreads, 2)
     flash_backward_f32_kernel(const float* __restrict__ q,         // (B, L, D)
@@ -311,50 +342,8 @@ __global__ void __launch_bounds__(F::kThreads, 2)
       }
 
       // dV += P^T dO, then dK += dS^T Q, each block's sums in accumulators of their own.
-      {
-        float part[kDTiles][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < kQTiles; ++kk) {
-          SplitFragment<4> pa;
-          split_tf32(st[kk][0], pa.hi[0], pa.lo[0]);
-          split_tf32(st[kk][2], pa.hi[1], pa.lo[1]);
-          split_tf32(st[kk][1], pa.hi[2], pa.lo[2]);
-          split_tf32(st[kk][3], pa.hi[3], pa.lo[3]);
-#pragma unroll
-          for (int dj = 0; dj < kDTiles; ++dj) {
-            const uint32_t at = do_tile + qdk_lane + (kk * 8 * F::kStride + col0 + dj * 8) * 4;
-            mma_3xtf32(part[dj], pa, split_b_fragment(at, F::kStride * 4));
-          }
-        }
-#pragma unroll
-        for (int dj = 0; dj < kDTiles; ++dj) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            dv_acc[dj][e] += part[dj][e];
-            part[dj][e] = 0.f;
-          }
-        }
-#pragma unroll
-        for (int kk = 0; kk < kQTiles; ++kk) {
-          SplitFragment<4> dsa;
-          split_tf32(dpt[kk][0], dsa.hi[0], dsa.lo[0]);
-          split_tf32(dpt[kk][2], dsa.hi[1], dsa.lo[1]);
-          split_tf32(dpt[kk][1], dsa.hi[2], dsa.lo[2]);
-          split_tf32(dpt[kk][3], dsa.hi[3], dsa.lo[3]);
-#pragma unroll
-          for (int dj = 0; dj < kDTiles; ++dj) {
-            const uint32_t at = q_tile + qdk_lane + (kk * 8 * F::kStride + col0 + dj * 8) * 4;
-            mma_3xtf32(part[dj], dsa, split_b_fragment(at, F::kStride * 4));
-          }
-        }
-#pragma unroll
-        for (int dj = 0; dj < kDTiles; ++dj) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            dk_acc[dj][e] += part[dj][e];
-          }
-        }
-      }
+      add_block_product<F>(dv_acc, st, do_tile + qdk_lane, col0);
+      add_block_product<F>(dk_acc, dpt, q_tile + qdk_lane, col0);
 
       // dS^T to shared memory (row: key, column: query), then dQ += dS K for the warp's m-tile
       // and half of D over the CTA's 64 keys.

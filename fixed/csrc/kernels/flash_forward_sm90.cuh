@@ -333,9 +333,7 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
           const uint64_t desc_v_upper =
               sw128_descriptor(v_tiles + buffer + 2 * kBlockN * kRowBytes + kk * 16 * kRowBytes,
                                kBlockN * kRowBytes, 1024);
-          wgmma_m64n128k16_rs<T>(*reinterpret_cast<float(*)[64]>(o), p_frag[kk], desc_v);
-          wgmma_m64n128k16_rs<T>(*reinterpret_cast<float(*)[64]>(o + 64), p_frag[kk],
-                                 desc_v_upper);
+          wgmma_m64n256k16_rs<T>(o, p_frag[kk], desc_v, desc_v_upper);
         } else if constexpr (D == 128) {
           wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);
         } else {

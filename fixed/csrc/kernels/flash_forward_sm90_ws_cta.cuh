@@ -343,8 +343,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[F::kDTiles * 4],
       const uint64_t desc_v_upper =
           sw128_descriptor(v_tile + 2 * F::kBlockN * F::kRowBytes + kk * 16 * F::kRowBytes,
                            F::kBlockN * F::kRowBytes, 1024);
-      wgmma_m64n128k16_rs<T>(*reinterpret_cast<float(*)[64]>(o), p_frag[kk], desc_v);
-      wgmma_m64n128k16_rs<T>(*reinterpret_cast<float(*)[64]>(o + 64), p_frag[kk], desc_v_upper);
+      wgmma_m64n256k16_rs<T>(o, p_frag[kk], desc_v, desc_v_upper);
     } else if constexpr (F::kHeadDim == 128) {
       wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);
     } else {

@@ -211,6 +211,16 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
   }
 }
 
+// D (64 x 256, f32) += A B as two m64n128k16 products (head dim 256): columns 0-127 of B at
+// desc_lo, 128-255 at desc_hi; d's first 64 registers are the first product's accumulator
+// fragment, its last 64 the second's (wgmma.cuh's layout: 4 registers per 8 columns).
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4],
+                                                    uint64_t desc_lo, uint64_t desc_hi) {
+  wgmma_m64n128k16_rs<T>(*reinterpret_cast<float(*)[64]>(d), a, desc_lo);
+  wgmma_m64n128k16_rs<T>(*reinterpret_cast<float(*)[64]>(d + 64), a, desc_hi);
+}
+
 // The same with B 16 x 64 (head dim 64).
 #define FIXED_WGMMA_M64N64K16_RS(TYPE)                                                       \
   FIXED_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                               \
