@@ -486,6 +486,20 @@ SANITIZER_SCRIPT = textwrap.dedent(
     )
     mask = torch.randn(2, 4, 300, 130, generator=generator).cuda().transpose(-1, -2)
     fixed.fast_attention(q, k, v, attn_mask=mask, enable_gqa=True).sum().backward()
+    # Head dim 64: an additive mask per head (16-byte copies into the mask tile, a key tail) with
+    # dropout, and a key padding mask of odd length (copies of one entry each).
+    q, k, v = (
+        torch.randn(2, 4, n, 64, generator=generator).to("cuda", torch.bfloat16).requires_grad_()
+        for n in (150, 200, 200)
+    )
+    mask = torch.randn(4, 150, 200, generator=generator).cuda()
+    fixed.fast_attention(q, k, v, attn_mask=mask, dropout_p=0.1).sum().backward()
+    q, k, v = (
+        torch.randn(2, 4, n, 64, generator=generator).to("cuda", torch.float16).requires_grad_()
+        for n in (150, 203, 203)
+    )
+    mask = (torch.arange(203) < torch.tensor([203, 150]).view(2, 1, 1, 1)).cuda()
+    fixed.fast_attention(q, k, v, attn_mask=mask.float()).sum().backward()
     # Head dim 200 (padded to 256): GQA, a boolean mask and dropout.
     q, k, v = (
         torch.randn(2, h, n, 200, generator=generator).to("cuda", torch.bfloat16).requires_grad_()

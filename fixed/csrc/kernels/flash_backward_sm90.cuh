@@ -76,8 +76,9 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
   if (!detail::has_tensor_core_image(kernel)) {
     return false;
   }
-  detail::backward<T, typename F::Fallback, true>(kernel, F::kSmemBytes, dout, q, k, v, out, lse,
-                                            lse_log2, delta, dq_accum, dq, dk, dv, p, stream);
+  const std::size_t smem = p.mask != nullptr ? F::kMaskedSmemBytes : F::kSmemBytes;
+  detail::backward<T, typename F::Fallback, true>(kernel, smem, dout, q, k, v, out, lse, lse_log2,
+                                                  delta, dq_accum, dq, dk, dv, p, stream);
   return true;
 }
 

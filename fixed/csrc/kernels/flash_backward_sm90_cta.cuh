@@ -74,8 +74,13 @@
 //   dS^T [128 keys][R]      32 KB (D = 64), 16 KB (D = 128)
 //   lse, delta [R] f32, 2 buffers: 2 KB, 1 KB; + 1 KB to align the base to 1024 bytes.
 //   dQ stage [R][D] f32   32 KB (both)
-//   D = 64: 163 KB, D = 128: 178 KB. One CTA per SM (as flash_backward.cuh: 8 warps per SM).
-// Q, dO, lse and delta are double-buffered with cp.async exactly as in flash_backward.cuh.
+//   with a mask, its entries [R][128 keys] f32 (mask_slot): 64 KB (D = 64), 32 KB (D = 128)
+//   D = 64: 163 KB, D = 128: 178 KB (227 and 210 with a mask). One CTA per SM (8 warps).
+// Q, dO, lse and delta are double-buffered with cp.async exactly as in flash_backward.cuh. The
+// mask tile is not: each warp copies its 16 keys' entries of the next block by cp.async as soon
+// as step 3 has read this block's (load_mask_part), and the wait at the top takes them. Before,
+// the entries went to registers (a window of n-tiles per thread, loaded while S^T ran): at
+// D = 64 their latency was exposed (a float mask's backward 3.5x the plain one).
 // Registers (nvcc 13.0, -Xptxas -v, sm_90a, both dtypes): 254 (D = 64) and 255 (D = 128) per
 // thread, no spill (250 at both with kEarlyDv false); one CTA of 256 threads per SM. Per thread:
 // dK, dV 2 x D / 2 f32 accumulators; S^T, dP^T 2 x R / 2; dQ 32; the packed P^T and dS^T
@@ -140,13 +145,16 @@ struct BackwardTile {
   static constexpr std::size_t kSmemBytes = kWgmmaSmemBytes > Fallback::kSmemBytes
                                                 ? kWgmmaSmemBytes
                                                 : Fallback::kSmemBytes;
+  // With a mask: its float32 entries of one block, [kBlockM queries][kBlockN keys] (mask_slot).
+  static constexpr uint32_t kMaskBytes = kBlockM * kBlockN * 4;
+  static constexpr std::size_t kMaskedSmemBytes = kSmemBytes + kMaskBytes;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element runs per row");
   static_assert(kBlockM == 64 || kBlockM == 128, "wgmma N of S^T: 64 or 128 queries");
   static_assert(kDqRowGroups * (kHeadDim / 64) == 2, "one 64 x 64 dQ tile per warpgroup");
   static_assert(Fallback::kThreads == kThreads && Fallback::kBlockN == kBlockN,
                 "the mma.sync body runs on the same grid and block");
-  static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
+  static_assert(kMaskedSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
 };
 
 // S^T or dP^T: D (64 x kBlockM) = A B over one k-step, A and B K-major.
@@ -204,6 +212,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const uint32_t ds_tile = do_tiles + 2 * F::kQBytes;  // [BM / 64][BN][64]
   const uint32_t stats = ds_tile + F::kDsBytes;        // 2 x (lse [BM], delta [BM])
   const uint32_t dq_stage = stats + 2 * F::kStatsBytes;  // [BM][D] f32, swizzled_dq_chunk
+  const uint32_t mask_tile = dq_stage + F::kDqBytes;     // [BM][BN] f32 (mask_slot)
   // The K tile through a generic pointer, for the epilogue's 16-byte reads.
   const unsigned char* const kv_bytes =
       reinterpret_cast<const unsigned char*>(sm90_bwd_smem) + (k_tile - smem_base);
@@ -239,6 +248,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;
   const bool skips = kArgs == kMaskOnly && skips_hidden_blocks(p);
   const bool skips_zero = has_mask && skips_zero_blocks(p);
+  const bool quads = has_mask && mask_in_quads(p);
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
@@ -259,6 +269,12 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
     };
     int64_t m0 = next_visible(m_begin - BM);  // this iteration's query block
     int64_t done_m0 = -1;                     // the last one computed, whose dQ is staged
+    // Whether block m reads mask entries: not where they are all 0 (zero_block), as P is then
+    // the unmasked one; the copies of its mask tile are then skipped too.
+    const auto reads_mask = [&](int64_t m) {
+      return has_mask && m < L && !(skips_zero && zero_block(p, b, m, BM, n0, BN));
+    };
+    bool masked = reads_mask(m0);
 
     // K, V of this key block and Q, dO, lse, delta of the first query block: one group.
     load_tile_sw128<F, BN>(k_tile, k + kv_read + n0 * D, S - n0, tid);
@@ -268,6 +284,9 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       load_tile_sw128<F, BM>(do_tiles, dout + (b * L + m0) * D, L - m0, tid);
       load_row_stats<BM>(stats, stats + BM * 4, lse_log2 + b * rows_padded + m0,
                          delta + b * rows_padded + m0, tid);
+    }
+    if (masked) {
+      load_mask_part<BM>(mask_tile, p, mask_b, m0, n0, key_row0, quads, lane);
     }
     cp_async_commit();
 
@@ -328,31 +347,20 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
         wgmma_scores<T, BM>(dp, desc_v, desc_o, ks > 0);
       }
       wgmma_commit_group();
-      // The mask's entries of this block (0 past L or S, where P needs none), loaded while the
-      // products run, as the forward does, into a window of kWindow n-tiles; step 3 refills tile
-      // j's slot with tile j + kWindow's entries as soon as it has used them. At D = 128 the
-      // window is all 8 tiles. At D = 64 all 16 spilled 368 bytes (ptxas) and loading each
-      // where used left its latency exposed (a masked backward 8x the plain one at S = 8192);
-      // measured on an H200 (perf/NOTES.md, v19): with a mask alone a window of 4 (no spill)
-      // beat 8 (88 bytes of spill); with dropout's registers too every window spills, and 8
-      // beat 4 and 1.
-      constexpr int kWindow = kQTiles <= 8 ? kQTiles : kArgs == kMaskAndDropout ? 8 : 4;
-      float bias[kArgs != kNoArgs ? 4 * kWindow : 1];
-      const auto load_bias = [&](int j) {  // n-tile j's entries into its slot of the window
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t query = m0 + 8 * j + 2 * t + (e & 1);
-          const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
-          bias[4 * (j % kWindow) + e] =
-              query < L && key < S ? mask_entry(p, mask_b, query, key) : 0.f;
-        }
+      // The mask's entries of this block (0 past L or S), in its tile. At D = 128 a thread's 32
+      // are read into registers while the products run (read in step 3 instead, the masked
+      // backward ran 6-12% slower); at D = 64 in step 3 (64 registers more spilled 216 bytes with
+      // dropout, a window of them as many or more; ptxas).
+      constexpr bool kPrefetch = kQTiles <= 8;
+      const auto mask_at = [&](int j, int e) {  // element e of n-tile j
+        const int row = 8 * j + 2 * t + (e & 1), column = key_row0 + g + 8 * (e >> 1);
+        return ld_shared_f32(mask_tile + mask_slot(row, column));
       };
-      // Where the block's mask entries are all 0 (zero_block), none are read: P as unmasked.
-      const bool masked = has_mask && !(skips_zero && zero_block(p, b, m0, BM, n0, BN));
-      if (masked) {  // uniform
+      float bias[kArgs != kNoArgs && kPrefetch ? 4 * kQTiles : 1];
+      if (kArgs != kNoArgs && kPrefetch && masked) {  // uniform
 #pragma unroll
-        for (int j = 0; j < kWindow; ++j) {
-          load_bias(j);
+        for (int i = 0; i < 4 * kQTiles; ++i) {
+          bias[i] = mask_at(i / 4, i % 4);
         }
       }
       // Dropout's keep bits, drawn while the products run (the Philox rounds are otherwise a
@@ -387,7 +395,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
           const float row_lse = (e & 1) ? lse2.y : lse2.x;
           float exponent = -row_lse;
           if (masked) {  // fmaf(0, log2 e, x) is x: a zero block's P is the same
-            exponent = fmaf(bias[4 * (j % kWindow) + e], kLog2e, exponent);
+            exponent = fmaf(kPrefetch ? bias[4 * j + e] : mask_at(j, e), kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
           if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
@@ -395,10 +403,15 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
           }
           s[4 * j + e] = prob;
         }
-        if (masked && j + kWindow < kQTiles) {
-          load_bias(j + kWindow);
-        }
       }
+      // The warp's part of the mask tile is free: its entries of the next block, whose copies
+      // run during the rest of this one (the wait at the top takes them with Q and dO's).
+      masked = reads_mask(following);
+      if (masked) {
+        __syncwarp();  // every lane's reads of this block's entries are done
+        load_mask_part<BM>(mask_tile, p, mask_b, following, n0, key_row0, quads, lane);
+      }
+      cp_async_commit();
       // Z_i of element i: 1 without dropout.
       const auto factor = [&](int i) {
         return !has_dropout ? 1.f : (kept[i / 32] >> (i % 32)) & 1u ? keep_scale : 0.f;

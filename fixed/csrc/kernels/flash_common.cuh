@@ -78,6 +78,28 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
 #endif
 }
 
+// The same, reading only the first `bytes` (0 to 16) and zeroing the rest: a tile's edge. With
+// 0 nothing is read, but `src` must still be a global address.
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+#endif
+}
+// 4 bytes, `bytes` (0 or 4) of them read (.ca: .cg takes 16-byte copies only).
+__device__ __forceinline__ void cp_async_4_zfill(uint32_t dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ float ld_shared_f32(uint32_t address) {
+  float value;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(value) : "r"(address));
+  return value;
+}
+
 // 16 zero bytes to shared memory (the rows of a tile past the end of its matrix).
 __device__ __forceinline__ void st_shared_zero_16(uint32_t dst) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
@@ -344,6 +366,51 @@ __device__ __forceinline__ bool mask_in_pairs(const AttentionProblem& p) {
   return p.mask_stride_col == 1 &&
          ((p.mask_stride_row | p.mask_stride_head | p.mask_stride_outer) & 1) == 0 &&
          (reinterpret_cast<std::uintptr_t>(p.mask) & 7) == 0;
+}
+// The same for aligned runs of four (16-byte copies).
+__device__ __forceinline__ bool mask_in_quads(const AttentionProblem& p) {
+  return p.mask_stride_col == 1 &&
+         ((p.mask_stride_row | p.mask_stride_head | p.mask_stride_outer) & 3) == 0 &&
+         (reinterpret_cast<std::uintptr_t>(p.mask) & 15) == 0;
+}
+
+// A mask tile in shared memory (the wgmma backward's): row r (query m0 + r) holds the float32
+// entries of keys n0 .. n0 + 127, 16-byte chunk c at c ^ (r & 7). A warp's load of one element
+// of its S^T fragments (keys 16 w + g, queries 2 t, + 8 j) then meets 8 chunks of 4 rows on all
+// 32 banks. Each warp copies and reads only its own 16 keys' part, so it refills that part for
+// the next block as soon as it has used it, with no barrier.
+__device__ __forceinline__ uint32_t mask_slot(int row, int column) {
+  return static_cast<uint32_t>(row * 512 + (((column >> 2) ^ (row & 7)) << 4) + (column & 3) * 4);
+}
+
+// Copies the mask's entries of queries m0 .. m0 + kRows - 1 and the warp's keys n0 + column0 ..
+// + 15 into the tile by cp.async, 0 past L or S. quads (uniform, mask_in_quads): 16-byte copies,
+// otherwise one per entry through the strides. Each lane: 8-row passes of 4 chunks.
+template <int kRows>
+__device__ __forceinline__ void load_mask_part(uint32_t tile, const AttentionProblem& p,
+                                               const float* mask_b, int64_t m0, int64_t n0,
+                                               int column0, bool quads, int lane) {
+  const int column = column0 + 4 * (lane & 3);
+  const int64_t key = n0 + column;
+#pragma unroll
+  for (int pass = 0; pass < kRows / 8; ++pass) {
+    const int row = 8 * pass + (lane >> 2);
+    const int64_t query = m0 + row;
+    const int64_t left = query < p.len_q ? p.len_kv - key : 0;
+    const int keys = left <= 0 ? 0 : left >= 4 ? 4 : static_cast<int>(left);
+    const float* const from =
+        keys > 0 ? mask_b + query * p.mask_stride_row + key * p.mask_stride_col : mask_b;
+    const uint32_t to = tile + mask_slot(row, column);
+    if (quads) {
+      cp_async_16_zfill(to, from, 4 * keys);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        cp_async_4_zfill(to + 4 * e, e < keys ? from + e * p.mask_stride_col : mask_b,
+                         e < keys ? 4 : 0);
+      }
+    }
+  }
 }
 
 // Row `first / 2` of a thread's score fragments (elements first, first + 1 of each n-tile j:

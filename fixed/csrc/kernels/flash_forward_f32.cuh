@@ -92,12 +92,6 @@ using F32Tiling128 = F32Tiling<128, 32, false>;
 
 // ------------------------------------------------------------------------- device helpers
 
-__device__ __forceinline__ float ld_shared_f32(uint32_t address) {
-  float value;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(value) : "r"(address));
-  return value;
-}
-
 // x as hi = tf32(x) and lo = tf32(x - hi), each a TF32 bit pattern (low 13 bits zero).
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
