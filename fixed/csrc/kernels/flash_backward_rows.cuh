@@ -193,7 +193,8 @@ void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* do
   }
   kernels::detail::allow_shared_memory(kernel, smem_bytes);
   const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN) * F::kDimParts;
-  const bool longest_first = p.causal && longest_first_pays(p.batch, p.len_q, p.head_dim);  // Q, dO
+  const bool longest_first = (p.causal && longest_first_pays(p.batch, p.len_q, p.head_dim)) ||
+                             mask_shared_by_neighbours(p);  // the streams: Q and dO; the mask
   kernel<<<kernels::detail::grid_for(work), F::kThreads, smem_bytes, stream>>>(
       q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows, longest_first);
   if (cudaPeekAtLastError() != cudaSuccess) {

@@ -156,8 +156,10 @@ bool launch_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
   }
   kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
   const unsigned grid = static_cast<unsigned>(work < sms ? work : sms);  // one CTA per SM
+  // The kernel's longest_first: items batch-minor (the order of both cases).
+  const bool batch_minor = (p.causal && longest_first) || detail::mask_shared_by_neighbours(p);
   kernel<<<grid, F::kThreads, F::kSmemBytes, stream>>>(q_map, k_map, v_map, mask_map, out, lse,
-                                                       p, p.causal && longest_first);
+                                                       p, batch_minor);
   return true;
 }
 
