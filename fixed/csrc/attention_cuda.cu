@@ -182,9 +182,17 @@ std::optional<HiddenTiles> tiles_to_skip(const at::Tensor& query,
   return half && mask.has_value() ? hidden_tiles(*mask, shape, stream) : std::nullopt;
 }
 
-// `tensor` with zero columns appended up to `width` in its last dim: a new contiguous tensor.
+// `tensor` with zero columns appended up to `width` in its last dim: a new contiguous tensor, or
+// `tensor` itself where it is that wide already (E = width, Ev narrower, or the reverse).
 at::Tensor padded(const at::Tensor& tensor, int64_t width) {
-  return at::constant_pad_nd(tensor, {0, width - tensor.size(-1)}, 0);
+  return tensor.size(-1) == width ? tensor
+                                  : at::constant_pad_nd(tensor, {0, width - tensor.size(-1)}, 0);
+}
+
+// The first `columns` columns of a gradient computed at a padded width, into `gradient`; the
+// wide one itself where nothing was padded (no copy).
+at::Tensor cut_to(at::Tensor& gradient, const at::Tensor& wide, int64_t columns) {
+  return wide.size(-1) == columns ? wide : gradient.copy_(wide.narrow(-1, 0, columns));
 }
 
 // The dropout seed is a host value baked into the launch: a captured CUDA graph would replay the
@@ -323,10 +331,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
         padded(grad_output, width), padded(query, width), padded(key, width),
         padded(value, width), padded(output, width), logsumexp, scale, causal, attn_mask,
         enable_gqa, dropout_p, dropout_seed);
-    grad_query.copy_(wide_dq.narrow(-1, 0, shape.head_dim));
-    grad_key.copy_(wide_dk.narrow(-1, 0, shape.head_dim));
-    grad_value.copy_(wide_dv.narrow(-1, 0, shape.head_dim_v));
-    return {grad_query, grad_key, grad_value};
+    return {cut_to(grad_query, wide_dq, shape.head_dim), cut_to(grad_key, wide_dk, shape.head_dim),
+            cut_to(grad_value, wide_dv, shape.head_dim_v)};
   }
   // One contiguous copy of each view, as in the forward.
   const at::Tensor dout = grad_output.contiguous();  // (B, L, Ev)
