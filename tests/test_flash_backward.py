@@ -367,7 +367,8 @@ def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed
 
 # (E, Ev) the tensor-core kernels do not take as they are: run at head dim 64 or 128 with zero
 # columns (attention_cuda.cu's padded_head_dim), the extra output and gradient columns cut off;
-# over 128 (bf16/fp16 only) at 256.
+# over 128 (bf16/fp16 only) at 256. On compute capability 9.0 both passes take those up to 128
+# as they are (test_hopper_backward_reads_other_head_dims_as_they_are).
 PADDED_HEAD_DIMS = [(80, 80), (96, 96), (32, 32), (128, 64), (48, 80), (8, 16)]
 WIDE_PADDED_HEAD_DIMS = [(192, 192), (200, 136), (72, 256)]
 
@@ -408,10 +409,54 @@ def test_other_head_dims_run_padded_on_the_tensor_cores(fixed, seed, dtype, caus
                 assert error <= TOLERANCE[dtype], f"{name} relative error {error:.2e}: {where}"
 
 
+def test_hopper_backward_reads_other_head_dims_as_they_are(fixed, seed):
+    """On compute capability 9.0 the wgmma backward takes E and Ev up to 128 (multiples of 8) as
+    they are, as the forward does: its loads fill the tile's columns past them with zeros. Three
+    launches (the prologue, the wgmma kernel, the dq kernel) and nothing else: no padded copies
+    of the five inputs, no copies of the three gradients; the gradients against float64."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma backward needs compute capability 9.0")
+    generator = torch.Generator().manual_seed(seed)
+    stages = ("flash_backward_prologue_kernel", SM90_BACKWARD_KERNEL, "flash_backward_dq_kernel")
+    cases = ((80, 80, False), (128, 64, True), (48, 96, False), (8, 16, True), (72, 120, False))
+    for dtype in HALF_DTYPES:
+        for head_dim, head_dim_v, causal in cases:
+            scale = 1.0 / math.sqrt(head_dim)
+            q, k = (randn((2, 3, n, head_dim), dtype, generator) for n in (130, 200))
+            v = randn((2, 3, 200, head_dim_v), dtype, generator)
+            grad = randn((2, 3, 130, head_dim_v), dtype, generator)
+            out, lse = torch.ops.fixed_attention.attention_forward(q, k, v, scale, causal)
+            torch.cuda.synchronize()
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CUDA]
+            ) as profile:
+                grads = torch.ops.fixed_attention.attention_backward(
+                    grad, q, k, v, out, lse, scale, causal
+                )
+                torch.cuda.synchronize()
+            on_gpu = torch.autograd.DeviceType.CUDA
+            names = [e.name for e in profile.events() if e.device_type == on_gpu]
+            where = (
+                f"{dtype_id(dtype)} E={head_dim} Ev={head_dim_v} causal={causal}; {replay(seed)}"
+            )
+            with check:
+                assert len(names) == 3 and all(
+                    stage in name for stage, name in zip(stages, names, strict=True)
+                ), f"{where}: launched {names}, expected {stages} alone"
+            reference = attention_with_grads(q, k, v, grad, scale=scale, causal=causal)[1:]
+            for name, got, ref in zip(("dq", "dk", "dv"), grads, reference, strict=True):
+                error = relative_error(got, ref)
+                with check:
+                    assert got.shape == ref.shape and error <= TOLERANCE[dtype], (
+                        f"{name} {list(got.shape)} relative error {error:.2e}: {where}"
+                    )
+
+
 def test_hopper_images_hold_the_wgmma_backward(fixed):
     """As test_flash_forward.py's test of the forward: a build with code for compute capability
-    9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all twelve
-    instances (two dtypes by two head dims by three sets of SDPA arguments)."""
+    9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all 24
+    instances (two dtypes by two tile head dims by three sets of SDPA arguments, each with
+    E = Ev = D and with head dims read as they are)."""
     from fixed import _build
 
     cuobjdump = find_cuda_tool("cuobjdump")
@@ -433,7 +478,7 @@ def test_hopper_images_hold_the_wgmma_backward(fixed):
     functions = [
         part for part in sass.split("Function : ")[1:] if SM90_BACKWARD_KERNEL in part[:300]
     ]
-    assert len(functions) == 12, f"expected {SM90_BACKWARD_KERNEL} x 12 instances: {len(functions)}"
+    assert len(functions) == 24, f"expected {SM90_BACKWARD_KERNEL} x 24 instances: {len(functions)}"
     for function in functions:
         assert "HGMMA" in function, f"no HGMMA in {function.splitlines()[0]}"
 
@@ -500,6 +545,13 @@ SANITIZER_SCRIPT = textwrap.dedent(
     )
     mask = (torch.arange(203) < torch.tensor([203, 150]).view(2, 1, 1, 1)).cuda()
     fixed.fast_attention(q, k, v, attn_mask=mask.float()).sum().backward()
+    # Head dims the wgmma backward reads as they are (E = 72, Ev = 120 on the 128 tile): loads
+    # zero-fill the columns past them, stores write E and Ev columns.
+    q, k, v = (
+        torch.randn(2, 3, n, d, generator=generator).to("cuda", torch.float16).requires_grad_()
+        for n, d in ((150, 72), (200, 72), (200, 120))
+    )
+    fixed.fast_attention(q, k, v, is_causal=True).sum().backward()
     # Head dim 200 (padded to 256): GQA, a boolean mask and dropout.
     q, k, v = (
         torch.randn(2, h, n, 200, generator=generator).to("cuda", torch.bfloat16).requires_grad_()

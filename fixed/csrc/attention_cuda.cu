@@ -9,10 +9,10 @@
 // launch_flash_backward tries the wgmma backward, then flash_backward.cuh's); no torch includes
 // there, so nvcc can compile-check them without a GPU. Half and bfloat16 run on the tensor-core
 // kernels with every SDPA argument (a mask, dropout, grouped-query heads), and so do other head
-// dims and Ev != E up to 128: as they are on Hopper's forward, padded elsewhere
-// (padded_head_dim); and so do head dims up to 256 (the forward as they are on Hopper, padded
-// to 256 elsewhere; the backward padded to 256). float32 runs on tensor cores too, in
-// 3xTF32 (float32's accuracy): the forward and backward at head dims 64 and 128
+// dims and Ev != E up to 128: as they are on Hopper (both passes, multiples of 8), padded
+// elsewhere (padded_head_dim); and so do head dims up to 256 (the forward as they are on
+// Hopper, padded to 256 elsewhere; the backward padded to 256). float32 runs on tensor cores
+// too, in 3xTF32 (float32's accuracy): the forward and backward at head dims 64 and 128
 // (flash_forward_f32.cuh, flash_backward_f32.cuh), other head dims up to 128 padded; wider
 // heads run generic.
 #include <algorithm>
@@ -322,18 +322,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   at::Tensor grad_query = at::empty(query.sizes(), query.options());  // (..., L, E)
   at::Tensor grad_key = at::empty(key.sizes(), key.options());        // (..., S, E)
   at::Tensor grad_value = at::empty(value.sizes(), value.options());  // (..., S, Ev)
-  // As the forward, at a padded head dim; not in deterministic mode, whose generic kernels take
-  // any head dim as it is.
-  const int64_t width =
-      at::globalContext().deterministicAlgorithms() ? 0 : padded_head_dim(query, shape);
-  if (width > 0) {
-    auto [wide_dq, wide_dk, wide_dv] = attention_backward_cuda(
-        padded(grad_output, width), padded(query, width), padded(key, width),
-        padded(value, width), padded(output, width), logsumexp, scale, causal, attn_mask,
-        enable_gqa, dropout_p, dropout_seed);
-    return {cut_to(grad_query, wide_dq, shape.head_dim), cut_to(grad_key, wide_dk, shape.head_dim),
-            cut_to(grad_value, wide_dv, shape.head_dim_v)};
-  }
+  // As the forward: head dims the tensor-core kernels compute at a padded width. Hopper's takes
+  // them as they are (multiples of 8 up to 128); elsewhere (or where it declines) the problem is
+  // padded below. Not in deterministic mode, whose generic kernels take any head dim as it is.
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  const int64_t width = deterministic ? 0 : padded_head_dim(query, shape);
   // One contiguous copy of each view, as in the forward.
   const at::Tensor dout = grad_output.contiguous();  // (B, L, Ev)
   const at::Tensor q = query.contiguous();           // (B, L, E)
@@ -345,20 +338,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const kernels::AttentionProblem problem =
       make_problem(shape, scale, causal, mask, hidden, dropout_p, seed);
 
+  bool launched = false;
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_backward_cuda", [&] {
-    // The tensor-core backward where it covers the case (half/bfloat16, head dim 64 or 128,
-    // Ev = E; float32 too); its float32 workspace comes from the caching allocator, on
-    // this device and stream. Its dQ sums by float atomics, in no fixed order: under
-    // torch.use_deterministic_algorithms(True) the generic kernels (one thread per element, GQA's
-    // dK and dV summed in a fixed order) answer instead.
-    const int64_t workspace_rows =
-        at::globalContext().deterministicAlgorithms()
-            ? 0
-            : kernels::flash_backward_rows(cuda_ptr<scalar_t>(q), problem);
-    if (workspace_rows > 0) {
+    // The tensor-core backward where it covers the case (half/bfloat16 and float32); its float32
+    // workspace comes from the caching allocator, on this device and stream. Its dQ sums by float
+    // atomics, in no fixed order: under torch.use_deterministic_algorithms(True) the generic
+    // kernels (one thread per element, GQA's dK and dV summed in a fixed order) answer instead.
+    const kernels::BackwardWorkspace workspace =
+        deterministic ? kernels::BackwardWorkspace{}
+                      : kernels::flash_backward_workspace(cuda_ptr<scalar_t>(q), problem);
+    if (workspace.rows > 0) {
       const at::TensorOptions f32 = query.options().dtype(at::kFloat);
-      at::Tensor row_stats = at::empty({2, shape.batch, workspace_rows}, f32);  // lse, delta
-      at::Tensor dq_accum = at::empty({shape.batch, workspace_rows, shape.head_dim}, f32);
+      at::Tensor row_stats = at::empty({2, shape.batch, workspace.rows}, f32);  // lse, delta
+      at::Tensor dq_accum = at::empty({shape.batch, workspace.rows, workspace.width}, f32);
       float* const lse_log2 = row_stats.mutable_data_ptr<float>();
       // Under GQA these kernels write dK and dV per query head, (B, S, E): each K/V head's
       // gradient is then the sum over its kv_group query heads, one reduction (as
@@ -370,10 +362,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
       at::Tensor dv_per_head = group > 1 ? at::empty({shape.batch, shape.len_kv, shape.head_dim_v},
                                                      query.options())
                                          : grad_value;
-      const bool launched = kernels::launch_flash_backward(
+      launched = kernels::launch_flash_backward(
           cuda_ptr<scalar_t>(dout), cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
           cuda_ptr<scalar_t>(v), cuda_ptr<scalar_t>(out), lse.const_data_ptr<float>(), lse_log2,
-          lse_log2 + shape.batch * workspace_rows, dq_accum.mutable_data_ptr<float>(),
+          lse_log2 + shape.batch * workspace.rows, dq_accum.mutable_data_ptr<float>(),
           cuda_mutable_ptr<scalar_t>(grad_query), cuda_mutable_ptr<scalar_t>(dk_per_head),
           cuda_mutable_ptr<scalar_t>(dv_per_head), problem, stream);
       if (launched) {
@@ -389,7 +381,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
         return;
       }
     }
-    // D_i = rowsum(dO_i * O_i), written by the first kernel, read by the other two.
+    if (width > 0) {
+      return;  // padded below
+    }
+    launched = true;
+  // D_i = rowsum(dO_i * O_i), written by the first kernel, read by the other two.
     at::Tensor delta =
         at::empty({shape.batch, shape.len_q}, query.options().dtype(at::kFloat));  // (B, L)
     kernels::launch_attention_backward_delta(cuda_ptr<scalar_t>(dout), cuda_ptr<scalar_t>(out),
@@ -407,6 +403,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
         cuda_mutable_ptr<scalar_t>(grad_query), problem, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+  if (!launched) {
+    // The same problem at head dim `width`, as in the forward.
+    auto [wide_dq, wide_dk, wide_dv] = attention_backward_cuda(
+        padded(grad_output, width), padded(query, width), padded(key, width),
+        padded(value, width), padded(output, width), logsumexp, scale, causal, attn_mask,
+        enable_gqa, dropout_p, dropout_seed);
+    return {cut_to(grad_query, wide_dq, shape.head_dim), cut_to(grad_key, wide_dk, shape.head_dim),
+            cut_to(grad_value, wide_dv, shape.head_dim_v)};
+  }
   return {grad_query, grad_key, grad_value};
 }
 

@@ -40,18 +40,20 @@ inline int64_t padded_rows(int64_t len_q) {
 
 // Thread group of kChunks lanes per row (one 16-byte chunk of dO and O each); rows past L are
 // the padding. A warp covers 32 / kChunks consecutive rows, so shuffles never leave the warp
-// and every lane of it runs the same number of iterations.
-template <typename T, int kHeadDim>
+// and every lane of it runs the same number of iterations. dO and O rows hold D elements, or
+// with kAsIs value_dim (Ev, a multiple of 8, at most D): lanes past them add 0.
+template <typename T, int kHeadDim, bool kAsIs>
 __global__ void __launch_bounds__(kRowKernelThreads)
-    flash_backward_prologue_kernel(const T* __restrict__ dout,     // (B, L, D)
-                                   const T* __restrict__ out,      // (B, L, D)
+    flash_backward_prologue_kernel(const T* __restrict__ dout,     // (B, L, Ev)
+                                   const T* __restrict__ out,      // (B, L, Ev)
                                    const float* __restrict__ lse,  // (B, L), natural log
                                    float* __restrict__ lse_log2,   // (B, Lp), lse log2(e)
                                    float* __restrict__ delta,      // (B, Lp)
                                    float* __restrict__ dq_accum,   // (B, Lp, D), zeroed here
                                    const int64_t batch, const int64_t len_q,
-                                   const int64_t rows_padded) {
+                                   const int64_t rows_padded, const int value_dim) {
   constexpr int kChunks = kHeadDim / 8;
+  const int columns = kAsIs ? value_dim : kHeadDim;
   constexpr int kRowsPerWarp = 32 / kChunks;
   constexpr float kLog2e = 1.4426950408889634f;
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -67,8 +69,8 @@ __global__ void __launch_bounds__(kRowKernelThreads)
     const int64_t i = row % rows_padded;
     const bool real = row < total_rows && i < len_q;
     float dot = 0.f;
-    if (real) {
-      const int64_t offset = (b * len_q + i) * kHeadDim + chunk * 8;
+    if (real && chunk * 8 < columns) {
+      const int64_t offset = (b * len_q + i) * columns + chunk * 8;
       const uint4 dout_bits = *reinterpret_cast<const uint4*>(dout + offset);
       const uint4 out_bits = *reinterpret_cast<const uint4*>(out + offset);
       const T* const d8 = reinterpret_cast<const T*>(&dout_bits);
@@ -133,14 +135,17 @@ __device__ __forceinline__ void load_row_stats(uint32_t lse_dst, uint32_t delta_
 // without wgmma; that kernel's dQ accumulator is swizzled (kSwizzledDq, swizzled_dq_chunk).
 // ------------------------------------------------------------------------ the dq kernel
 
-template <typename T, int kHeadDim, bool kSwizzledDq>
+// dQ's rows hold D elements, or with kAsIs head_dim (E, a multiple of 8, at most D): the
+// accumulator's first E.
+template <typename T, int kHeadDim, bool kSwizzledDq, bool kAsIs>
 __global__ void __launch_bounds__(kRowKernelThreads)
     flash_backward_dq_kernel(const float* __restrict__ dq_accum,  // (B, Lp, D)
-                             T* __restrict__ dq,                  // (B, L, D)
+                             T* __restrict__ dq,                  // (B, L, E)
                              const int64_t batch, const int64_t len_q, const int64_t rows_padded,
-                             const float scale) {
+                             const float scale, const int head_dim) {
   // One thread per 8 elements: two 16-byte loads, one 16-byte store.
-  constexpr int kChunks = kHeadDim / 8;
+  const int columns = kAsIs ? head_dim : kHeadDim;
+  const int kChunks = columns / 8;
   const int64_t total = batch * len_q * kChunks;
   for (int64_t index = static_cast<int64_t>(blockIdx.x) * kRowKernelThreads + threadIdx.x;
        index < total; index += static_cast<int64_t>(gridDim.x) * kRowKernelThreads) {
@@ -158,7 +163,7 @@ __global__ void __launch_bounds__(kRowKernelThreads)
     bits.y = pack2<T>(lo.z * scale, lo.w * scale);
     bits.z = pack2<T>(hi.x * scale, hi.y * scale);
     bits.w = pack2<T>(hi.z * scale, hi.w * scale);
-    *reinterpret_cast<uint4*>(dq + row * kHeadDim + chunk * 8) = bits;
+    *reinterpret_cast<uint4*>(dq + row * columns + chunk * 8) = bits;
   }
 }
 
@@ -176,18 +181,19 @@ using BackwardMainKernel = void(const T*, const T*, const T*, const T*, const fl
 // `kernel` (F's flash_backward_kernel, or a kernel of F's CTA shape: kThreads threads, blocks
 // of kBlockN keys, F::kDimParts work items each, the workspace padded to F::kBlockM rows) with
 // `smem_bytes` of dynamic shared memory; kSwizzledDq: `kernel` leaves the dQ accumulator
-// swizzled (swizzled_dq_chunk). After a failed launch it stops, leaving the error for the
-// caller's launch check.
-template <typename T, class F, bool kSwizzledDq = false>
+// swizzled (swizzled_dq_chunk); kAsIs: E and Ev from the problem (the rows of dQ, dO, O), else
+// F's D. After a failed launch it stops, leaving the error for the caller's launch check.
+template <typename T, class F, bool kSwizzledDq = false, bool kAsIs = false>
 void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* dout, const T* q,
               const T* k, const T* v, const T* out, const float* lse, float* lse_log2,
               float* delta, float* dq_accum, T* dq, T* dk, T* dv, const AttentionProblem& p,
               cudaStream_t stream) {
   const int64_t rows = padded_rows<F>(p.len_q);
   constexpr int kRowsPerBlock = kRowKernelThreads / F::kChunks;
-  flash_backward_prologue_kernel<T, F::kHeadDim>
+  flash_backward_prologue_kernel<T, F::kHeadDim, kAsIs>
       <<<kernels::detail::grid_for(ceil_div(p.batch * rows, kRowsPerBlock)), kRowKernelThreads,
-         0, stream>>>(dout, out, lse, lse_log2, delta, dq_accum, p.batch, p.len_q, rows);
+         0, stream>>>(dout, out, lse, lse_log2, delta, dq_accum, p.batch, p.len_q, rows,
+                      static_cast<int>(value_dim(p)));
   if (cudaPeekAtLastError() != cudaSuccess) {
     return;
   }
@@ -200,9 +206,12 @@ void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* do
   if (cudaPeekAtLastError() != cudaSuccess) {
     return;
   }
-  flash_backward_dq_kernel<T, F::kHeadDim, kSwizzledDq>
-      <<<kernels::detail::grid_for(ceil_div(p.batch * p.len_q * F::kChunks, kRowKernelThreads)),
-         kRowKernelThreads, 0, stream>>>(dq_accum, dq, p.batch, p.len_q, rows, p.scale);
+  const int dq_columns = kAsIs ? static_cast<int>(p.head_dim) : F::kHeadDim;
+  flash_backward_dq_kernel<T, F::kHeadDim, kSwizzledDq, kAsIs>
+      <<<kernels::detail::grid_for(ceil_div(p.batch * p.len_q * (dq_columns / 8),
+                                            kRowKernelThreads)),
+         kRowKernelThreads, 0, stream>>>(dq_accum, dq, p.batch, p.len_q, rows, p.scale,
+                                         dq_columns);
 }
 
 }  // namespace detail

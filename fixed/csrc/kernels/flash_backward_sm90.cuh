@@ -30,6 +30,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "attention_problem.cuh"        // AttentionProblem
 #include "flash_backward.cuh"           // launch_flash_backward_mma_sync, detail::backward
 #include "flash_backward_sm90_cta.cuh"  // BackwardTile, wgmma_backward_cta
@@ -41,57 +43,81 @@ namespace kernels {
 namespace flash {
 namespace sm90 {
 
-template <typename T, class F, int kArgs>
+// kAsIs: E and Ev read from the problem (at most D, multiples of 8), else D at compile time (the
+// code E = Ev = D had before kAsIs existed: reading them at run time made it 5-9% slower).
+template <typename T, class F, int kArgs, bool kAsIs>
 __global__ void __launch_bounds__(F::kThreads, 1)
-    flash_backward_sm90_kernel(const T* __restrict__ q,             // (B, L, D)
-                               const T* __restrict__ k,             // (B, S, D)
-                               const T* __restrict__ v,             // (B, S, D)
-                               const T* __restrict__ dout,          // (B, L, D)
+    flash_backward_sm90_kernel(const T* __restrict__ q,             // (B, L, E)
+                               const T* __restrict__ k,             // (B, S, E)
+                               const T* __restrict__ v,             // (B, S, Ev)
+                               const T* __restrict__ dout,          // (B, L, Ev)
                                const float* __restrict__ lse_log2,  // (B, Lp)
                                const float* __restrict__ delta,     // (B, Lp)
                                float* __restrict__ dq_accum,        // (B, Lp, D)
-                               T* __restrict__ dk,                  // (B, S, D)
-                               T* __restrict__ dv,                  // (B, S, D)
+                               T* __restrict__ dk,                  // (B, S, E)
+                               T* __restrict__ dv,                  // (B, S, Ev)
                                const AttentionProblem p, const int64_t rows_padded,
                                const bool longest_first) {  // causal work order
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  wgmma_backward_cta<T, F, kArgs>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p,
-                                  rows_padded, longest_first);
+  wgmma_backward_cta<T, F, kArgs, kAsIs>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p,
+                                         rows_padded, longest_first);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  flash_backward_cta<T, typename F::Fallback, true, kArgs>(q, k, v, dout, lse_log2, delta,
-                                                           dq_accum, dk, dv, p, rows_padded,
-                                                           longest_first);
+  if constexpr (kAsIs) {
+    // The mma.sync body reads D columns: a marker for the launcher instead (has_sm90a_image:
+    // 16 bytes of static shared memory here, none in the sm_90a body), and a trap, were it
+    // launched all the same.
+    __shared__ uint32_t no_sm90a_body[4];
+    if (p.batch < 0) {  // never: keeps the marker
+      reinterpret_cast<volatile uint32_t*>(no_sm90a_body)[threadIdx.x & 3] = 0;
+    }
+    __trap();
+  } else {
+    flash_backward_cta<T, typename F::Fallback, true, kArgs>(q, k, v, dout, lse_log2, delta,
+                                                             dq_accum, dk, dv, p, rows_padded,
+                                                             longest_first);
+  }
 #endif
 }
 
 // Launches the three kernels (prologue, this main kernel, dq) on `stream`, or returns false
-// having launched nothing when no sm_80+ image of the kernel exists for the device.
-template <typename T, class F>
+// having launched nothing when no image of the kernel that can take the problem exists for the
+// device (sm_80+; with kAsIs, sm_90a).
+template <typename T, class F, bool kAsIs>
 bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
                      const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
                      T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
-  auto* kernel = for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs>,
-                                flash_backward_sm90_kernel<T, F, kMaskOnly>,
-                                flash_backward_sm90_kernel<T, F, kMaskAndDropout>);
-  if (!detail::has_tensor_core_image(kernel)) {
+  auto* kernel = for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs, kAsIs>,
+                                flash_backward_sm90_kernel<T, F, kMaskOnly, kAsIs>,
+                                flash_backward_sm90_kernel<T, F, kMaskAndDropout, kAsIs>);
+  if (!detail::has_tensor_core_image(kernel) || (kAsIs && !has_sm90a_image(kernel))) {
     return false;
   }
   const std::size_t smem = p.mask != nullptr ? F::kMaskedSmemBytes : F::kSmemBytes;
-  detail::backward<T, typename F::Fallback, true>(kernel, smem, dout, q, k, v, out, lse, lse_log2,
-                                                  delta, dq_accum, dq, dk, dv, p, stream);
+  detail::backward<T, typename F::Fallback, true, kAsIs>(kernel, smem, dout, q, k, v, out, lse,
+                                                         lse_log2, delta, dq_accum, dq, dk, dv, p,
+                                                         stream);
   return true;
 }
 
-// The wgmma backward where it covers the case: bf16/fp16 (T), head dim 64 or 128,
-// takes_tensor_cores, compute capability 9.0, 16-byte aligned tensors. Otherwise false,
-// nothing launched.
-// The workspace: flash_backward_rows's rows (the query blocks are flash_backward.cuh's).
+// The head dim D of the wgmma tile that takes the problem's E and Ev as they are (multiples of
+// 8, at most 128: the narrower of 64 and 128 that holds both), 0 where none does.
+inline int tile_head_dim(const AttentionProblem& p) {
+  const int64_t E = p.head_dim, Ev = value_dim(p), widest = E > Ev ? E : Ev;
+  if (E <= 0 || Ev <= 0 || E % 8 != 0 || Ev % 8 != 0 || widest > 128) {
+    return 0;
+  }
+  return widest <= 64 ? 64 : 128;
+}
+
+// The wgmma backward where it covers the case: bf16/fp16 (T), E and Ev of a tile_head_dim,
+// compute capability 9.0, 16-byte aligned tensors. Otherwise false, nothing launched.
+// The workspace: flash_backward_workspace's (the query blocks are flash_backward.cuh's).
 template <typename T>
 bool backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,
               float* lse_log2, float* delta, float* dq_accum, T* dq, T* dk, T* dv,
               const AttentionProblem& p, cudaStream_t stream) {
-  if (!detail::takes_tensor_cores(p) || (p.head_dim != 64 && p.head_dim != 128) ||
-      !current_device_is_sm90()) {
+  const int tile_dim = tile_head_dim(p);
+  if (tile_dim == 0 || !current_device_is_sm90()) {
     return false;
   }
   for (const void* pointer : {static_cast<const void*>(dout), static_cast<const void*>(q),
@@ -102,15 +128,43 @@ bool backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
       return false;  // 16-byte copies and stores
     }
   }
-  return p.head_dim == 64
-             ? launch_backward<T, BackwardTile<64>>(dout, q, k, v, out, lse, lse_log2, delta,
-                                                    dq_accum, dq, dk, dv, p, stream)
-             : launch_backward<T, BackwardTile<128>>(dout, q, k, v, out, lse, lse_log2, delta,
-                                                     dq_accum, dq, dk, dv, p, stream);
+  const bool as_is = p.head_dim != tile_dim || value_dim(p) != tile_dim;
+  // One launch_backward per (tile, as_is), the tags carrying both as types.
+  const auto launch = [&](auto tile, auto columns_as_is) {
+    return launch_backward<T, decltype(tile), decltype(columns_as_is)::value>(
+        dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq, dk, dv, p, stream);
+  };
+  if (tile_dim == 64) {
+    return as_is ? launch(BackwardTile<64>{}, std::true_type{})
+                 : launch(BackwardTile<64>{}, std::false_type{});
+  }
+  return as_is ? launch(BackwardTile<128>{}, std::true_type{})
+               : launch(BackwardTile<128>{}, std::false_type{});
 }
 
 }  // namespace sm90
 }  // namespace flash
+
+// The float32 workspace the glue allocates for launch_flash_backward: rows per batch item
+// (flash_backward_rows's; 0 where no tensor-core backward takes the problem as it is) and the dQ
+// accumulator's width: on compute capability 9.0 the wgmma tile's D for bf16/fp16 head dims it
+// takes as they are (E, Ev narrower than D included), else E.
+struct BackwardWorkspace {
+  int64_t rows = 0, width = 0;
+};
+inline BackwardWorkspace flash_backward_workspace(const float* q, const AttentionProblem& p) {
+  return {flash_backward_rows(q, p), p.head_dim};
+}
+template <typename T>
+BackwardWorkspace flash_backward_workspace(const T* q, const AttentionProblem& p) {
+  const int tile_dim = flash::sm90::tile_head_dim(p);
+  if (tile_dim == 0 || !flash::sm90::current_device_is_sm90()) {
+    return {flash_backward_rows(q, p), p.head_dim};
+  }
+  return {tile_dim == 64 ? flash::padded_rows<flash::BackwardTiling64>(p.len_q)
+                         : flash::padded_rows<flash::BackwardTiling128>(p.len_q),
+          tile_dim};
+}
 
 // The glue's entry point, one overload per dtype (non-templates, so that nvcc's compile check of
 // this header instantiates every kernel): the arguments and contract of flash_backward.cuh's

@@ -185,17 +185,18 @@ __device__ __forceinline__ void st_shared_f32x2(uint32_t address, float a, float
 }
 
 // The wgmma body: every work item of the grid-stride loop (sm_90a images only). kArgs: the
-// instantiation that reads the mask and draws dropout, as flash_backward_cta's.
-template <typename T, class F, int kArgs>
-__device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,             // (B, L, D)
-                                                   const T* __restrict__ k,             // (B, S, D)
-                                                   const T* __restrict__ v,             // (B, S, D)
-                                                   const T* __restrict__ dout,          // (B, L, D)
+// instantiation that reads the mask and draws dropout, as flash_backward_cta's; kAsIs: E and Ev
+// from the problem, else D.
+template <typename T, class F, int kArgs, bool kAsIs>
+__device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     // (B, L, E)
+                                                   const T* __restrict__ k,     // (B, S, E)
+                                                   const T* __restrict__ v,     // (B, S, Ev)
+                                                   const T* __restrict__ dout,  // (B, L, Ev)
                                                    const float* __restrict__ lse_log2,  // (B, Lp)
                                                    const float* __restrict__ delta,     // (B, Lp)
                                                    float* __restrict__ dq_accum,  // (B, Lp, D)
-                                                   T* __restrict__ dk,            // (B, S, D)
-                                                   T* __restrict__ dv,            // (B, S, D)
+                                                   T* __restrict__ dk,            // (B, S, E)
+                                                   T* __restrict__ dv,            // (B, S, Ev)
                                                    const AttentionProblem p,
                                                    const int64_t rows_padded,
                                                    const bool longest_first) {
@@ -235,6 +236,10 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const int dq_col = F::kDqRowGroups == 2 ? 0 : warpgroup;
 
   const int64_t L = p.len_q, S = p.len_kv;
+  // Q, K, dK rows of E elements, V, dO, dV rows of Ev (at most D, multiples of 8): the tiles'
+  // columns past them are zeros, which add nothing to the products (the dQ workspace is D wide).
+  const int E = kAsIs ? static_cast<int>(p.head_dim) : D;
+  const int Ev = kAsIs ? static_cast<int>(value_dim(p)) : D;
   const int64_t key_blocks = ceil_div(S, BN);
   const float scale_log2 = p.scale * kLog2e;  // any sign; 0 gives P = 2^-lse, as the mma.sync body
   // The mask enters P's exponent beside lse; dropout's Z scales P in dV and dP in dS. Z is kept
@@ -254,8 +259,11 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
     const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
-    const int64_t kv_b = b * S * D;  // where dK and dV go: per batch item, also under GQA
-    const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
+    // Where dK and dV go (per batch item, also under GQA), K and V (under GQA, its group's).
+    // Without kAsIs, one product for both: E = Ev = D then compiles as it did before kAsIs.
+    const int64_t dk_b = b * S * E, dv_b = kAsIs ? b * S * Ev : dk_b;
+    const int64_t k_read = (b / p.kv_group) * S * E;
+    const int64_t v_read = kAsIs ? (b / p.kv_group) * S * Ev : k_read;
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
     const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
     // The next query block after the one at m that the mask does not hide entirely for these
@@ -277,11 +285,11 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
     bool masked = reads_mask(m0);
 
     // K, V of this key block and Q, dO, lse, delta of the first query block: one group.
-    load_tile_sw128<F, BN>(k_tile, k + kv_read + n0 * D, S - n0, tid);
-    load_tile_sw128<F, BN>(v_tile, v + kv_read + n0 * D, S - n0, tid);
+    load_tile_sw128<F, BN>(k_tile, k + k_read + n0 * E, S - n0, tid, E);
+    load_tile_sw128<F, BN>(v_tile, v + v_read + n0 * Ev, S - n0, tid, Ev);
     if (m0 < L) {
-      load_tile_sw128<F, BM>(q_tiles, q + (b * L + m0) * D, L - m0, tid);
-      load_tile_sw128<F, BM>(do_tiles, dout + (b * L + m0) * D, L - m0, tid);
+      load_tile_sw128<F, BM>(q_tiles, q + (b * L + m0) * E, L - m0, tid, E);
+      load_tile_sw128<F, BM>(do_tiles, dout + (b * L + m0) * Ev, L - m0, tid, Ev);
       load_row_stats<BM>(stats, stats + BM * 4, lse_log2 + b * rows_padded + m0,
                          delta + b * rows_padded + m0, tid);
     }
@@ -317,8 +325,8 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
         const int64_t next = following;
         const uint32_t other = (buf ^ 1u) * F::kQBytes;
         const uint32_t other_stats = stats + (buf ^ 1u) * F::kStatsBytes;
-        load_tile_sw128<F, BM>(q_tiles + other, q + (b * L + next) * D, L - next, tid);
-        load_tile_sw128<F, BM>(do_tiles + other, dout + (b * L + next) * D, L - next, tid);
+        load_tile_sw128<F, BM>(q_tiles + other, q + (b * L + next) * E, L - next, tid, E);
+        load_tile_sw128<F, BM>(do_tiles + other, dout + (b * L + next) * Ev, L - next, tid, Ev);
         load_row_stats<BM>(other_stats, other_stats + BM * 4, lse_log2 + b * rows_padded + next,
                            delta + b * rows_padded + next, tid);
       }
@@ -567,10 +575,14 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       const int64_t key = n0 + row;
       const uint32_t offset = sw128_offset<BN>(row, chunk);
       if (key < S) {
-        const int64_t to = kv_b + key * D + chunk * 8;
-        *reinterpret_cast<uint4*>(dk + to) = *reinterpret_cast<const uint4*>(kv_bytes + offset);
-        *reinterpret_cast<uint4*>(dv + to) =
-            *reinterpret_cast<const uint4*>(kv_bytes + F::kKVBytes + offset);
+        if (chunk * 8 < E) {  // dK's E columns, dV's Ev
+          *reinterpret_cast<uint4*>(dk + dk_b + key * E + chunk * 8) =
+              *reinterpret_cast<const uint4*>(kv_bytes + offset);
+        }
+        if (chunk * 8 < Ev) {
+          *reinterpret_cast<uint4*>(dv + dv_b + key * Ev + chunk * 8) =
+              *reinterpret_cast<const uint4*>(kv_bytes + F::kKVBytes + offset);
+        }
       }
     }
     __syncthreads();  // the next work item's copies overwrite the K and V tiles

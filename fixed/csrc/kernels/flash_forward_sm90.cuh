@@ -92,10 +92,12 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
 }
 
 // Copies rows [0, valid_rows) of a (rows, D) tile, zeros the rest (tails compute on zeros and
-// read nothing past a tensor's end, as in flash_forward.cuh).
+// read nothing past a tensor's end, as in flash_forward.cuh). `columns` (a multiple of 8, at most
+// D): the source's row length, whose chunks fill the tile's first columns, zeros the rest (a head
+// dim read as it is).
 template <class F, int kRows, typename T>
 __device__ __forceinline__ void load_tile_sw128(uint32_t tile, const T* src, int64_t valid_rows,
-                                                int tid) {
+                                                int tid, int columns = F::kHeadDim) {
   constexpr int kChunks = F::kChunks;
   constexpr int kRowsPerPass = F::kThreads / kChunks;
   const int chunk = tid % kChunks;
@@ -104,8 +106,8 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t tile, const T* src, int
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
     const int row = pass * kRowsPerPass + tid / kChunks;
     const uint32_t to = tile + sw128_offset<kRows>(row, chunk);
-    if (row < valid) {
-      cp_async_16(to, src + static_cast<int64_t>(row) * F::kHeadDim + chunk * 8);
+    if (row < valid && chunk * 8 < columns) {
+      cp_async_16(to, src + static_cast<int64_t>(row) * columns + chunk * 8);
     } else {
       st_shared_zero_16(to);
     }

@@ -103,19 +103,6 @@ __global__ void __launch_bounds__(F::kThreads, 1)
 #endif
 }
 
-// True when the image of `kernel` that the current device runs holds the sm_90a body: its static
-// shared memory is 0 bytes there and 16 (the marker) in every other image, a plain sm_90 or a
-// JIT-compiled older PTX included. The host cannot tell sm_90 from sm_90a otherwise.
-template <typename Kernel>
-bool has_sm90a_image(Kernel* kernel) {
-  cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
-    (void)cudaGetLastError();  // answered "no": the caller takes another kernel
-    return false;
-  }
-  return attributes.binaryVersion == 90 && attributes.sharedSizeBytes == 0;
-}
-
 // The map of the problem's mask for tiling F (flash_forward_sm90_ws_args.cuh), false where TMA
 // cannot read it.
 template <class F>

@@ -28,6 +28,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -250,6 +251,20 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
 #undef FIXED_WGMMA_D32
 #undef FIXED_WGMMA_D8
 #undef FIXED_WGMMA_ASM
+
+// True when the image of `kernel` that the current device runs holds the sm_90a body: its static
+// shared memory is 0 bytes there and 16 (a `__shared__ uint32_t [4]` marker that the kernel's other
+// branch keeps) in every other image, a plain sm_90 or a JIT-compiled older PTX included. The host
+// cannot tell sm_90 from sm_90a otherwise.
+template <typename Kernel>
+bool has_sm90a_image(Kernel* kernel) {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // answered "no": the caller takes another kernel
+    return false;
+  }
+  return attributes.binaryVersion == 90 && attributes.sharedSizeBytes == 0;
+}
 
 }  // namespace flash
 }  // namespace kernels
