@@ -44,8 +44,10 @@ B, H, L, S = 2, 4, 150, 200  # several query and key blocks, tails in both
 
 
 def make_mask(kind: str, generator: torch.Generator) -> torch.Tensor | None:
-    """The masks SDPA takes, each broadcast to (B, H, L, S) differently. Boolean ones hide about
-    a third of the keys and every key of query rows 3 and 77 (their output is zero)."""
+    """The masks SDPA takes, each broadcast to (B, H, L, S) differently, in every dtype the map of
+    hidden tiles converts (mask_tiles.cuh: those whose own elements are at most an eighth of the
+    scores). Boolean ones hide about a third of the keys and every key of query rows 3 and 77
+    (their output is zero)."""
     if kind == "none":
         return None
     if kind == "bool (L, S)":
@@ -72,6 +74,14 @@ def make_mask(kind: str, generator: torch.Generator) -> torch.Tensor | None:
         return torch.randn((B, H, S, L), generator=generator).cuda().transpose(-1, -2)
     if kind == "bfloat16 (1, 1, L, S)":
         return torch.randn((1, 1, L, S), generator=generator).to("cuda", torch.bfloat16)
+    if kind == "float64 (1, 1, L, S) hiding a tile":  # rows 64-127 x keys 0-63 hidden
+        mask = torch.randn((1, 1, L, S), generator=generator, dtype=torch.float64)
+        mask[..., 64:128, :64] = -math.inf
+        return mask.cuda()
+    if kind == "float16 (L, 1) expanded over keys":  # rows 3 and 77 hidden
+        mask = torch.randn((L, 1), generator=generator)
+        mask[3] = mask[77] = -math.inf
+        return mask.to("cuda", torch.float16).expand(L, S)
     raise ValueError(kind)
 
 
@@ -84,6 +94,8 @@ MASKS = [
     "float (H, L, S)",
     "float (B, H, L, S) transposed view",
     "bfloat16 (1, 1, L, S)",
+    "float64 (1, 1, L, S) hiding a tile",
+    "float16 (L, 1) expanded over keys",
 ]
 # (mask, dropout_p, E, Ev, K/V heads, causal): every mask alone at head dim 64 and 128, then
 # with dropout, GQA and padded head dims; dropout alone, causal and not.

@@ -41,6 +41,7 @@
 #include "kernels/flash_backward_sm90.cuh"
 #include "kernels/flash_forward.cuh"
 #include "kernels/flash_forward_sm90.cuh"
+#include "kernels/mask_tiles.cuh"
 
 namespace fixed_attention {
 namespace {
@@ -78,51 +79,87 @@ typename CudaType<scalar_t>::type* cuda_mutable_ptr(at::Tensor& tensor) {
                      AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)  \
                      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
-// Which kHiddenTile x kHiddenTile tiles (rows x keys) of the additive mask, additive_mask's
-// (batch / heads, heads, L, S) view, are entirely -inf or entirely 0: a uint8 map, 1 where
-// hidden, 2 where zero, for the tensor-core kernels to skip those blocks (a causal,
-// sliding-window or padding mask hides many; their probabilities are all 0, so skipping changes
-// nothing) and, on Hopper, the mask's loads in these (most of a mask made from bools: adding 0
-// changes nothing either). Computed by one kernel launch on
-// `stream` from the mask's own elements (size 1 where it is broadcast, the map too), and only
-// where those are at most an eighth of the scores, so that the pass costs little beside the
-// attention kernels; otherwise none.
+// Which kHiddenTile x kHiddenTile tiles (rows x keys) of the additive mask are entirely -inf
+// or entirely 0: a uint8 map, 1 where hidden, 2 where zero, for the tensor-core kernels to skip
+// those blocks (a causal, sliding-window or padding mask hides many; their probabilities are all
+// 0, so skipping changes nothing) and, on Hopper, the mask's loads in these (most of a mask made
+// from bools: adding 0 changes nothing either). Of the mask's own elements (size 1 where it is
+// broadcast, the map too).
 struct HiddenTiles {
   at::Tensor any;    // int32 [1]: bit 0 when some tile is hidden, bit 1 when some is zero
   at::Tensor tiles;  // uint8 (outer or 1, heads or 1, row tiles or 1, key tiles or 1), 1 / 2
 };
 
-std::optional<HiddenTiles> hidden_tiles(const at::Tensor& mask, const AttentionShape& shape,
-                                        cudaStream_t stream) {
+// The mask as the kernels take it: additive_mask's (batch / heads, heads, L, S) float32 view,
+// and its HiddenTiles where a tensor-core kernel may use them; none of either without a mask.
+struct KernelMask {
+  std::optional<at::Tensor> additive;
+  std::optional<HiddenTiles> hidden;
+};
+
+// The map is made (kernels/mask_tiles.cuh) for half and bfloat16 inputs, only where the mask's
+// own elements are at most an eighth of the scores, so that the pass costs little beside the
+// attention kernels, by one launch on `stream` that also makes a bool, float16, bfloat16 or
+// float64 mask additive float32 (a float32 one is read as it is). Otherwise additive_mask
+// converts it with torch's ops and there is no map.
+KernelMask kernel_mask(const std::optional<at::Tensor>& attn_mask, const at::Tensor& query,
+                       const AttentionShape& shape, bool causal, cudaStream_t stream) {
+  if (!attn_mask.has_value()) {
+    return {};
+  }
   constexpr int64_t kTile = kernels::flash::kHiddenTile;
-  at::Tensor own = mask;
+  const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
+  const at::ScalarType dtype = attn_mask->scalar_type();
+  const bool readable = dtype == at::kBool || dtype == at::kHalf || dtype == at::kBFloat16 ||
+                        dtype == at::kFloat || dtype == at::kDouble;
+  if (!half || !readable || (shape.len_q <= kTile && shape.len_kv <= kTile)) {
+    return {additive_mask(attn_mask, query, shape, causal, at::kFloat), std::nullopt};
+  }
+  const at::Tensor view = *checked_mask(attn_mask, query, shape, causal);  // its own dtype
+  at::Tensor own = view;
   for (int64_t dim = 0; dim < 4; ++dim) {
     if (own.stride(dim) == 0 && own.size(dim) > 1) {
       own = own.narrow(dim, 0, 1);
     }
   }
-  if (own.numel() * 8 > shape.batch * shape.len_q * shape.len_kv ||
-      (shape.len_q <= kTile && shape.len_kv <= kTile)) {
-    return std::nullopt;
+  if (own.numel() == 0 || own.numel() * 8 > shape.batch * shape.len_q * shape.len_kv) {
+    return {additive_mask(attn_mask, query, shape, causal, at::kFloat), std::nullopt};
   }
   const int64_t rows = own.size(2), keys = own.size(3);
   const int tile_rows = rows == 1 ? 1 : kTile, tile_keys = keys == 1 ? 1 : kTile;
   const int64_t row_tiles = kernels::ceil_div(rows, tile_rows);
   const int64_t key_tiles = kernels::ceil_div(keys, tile_keys);
-  HiddenTiles hidden{at::zeros({1}, mask.options().dtype(at::kInt)),
+  HiddenTiles hidden{at::zeros({1}, view.options().dtype(at::kInt)),
                      at::empty({own.size(0), own.size(1), row_tiles, key_tiles},
-                               mask.options().dtype(at::kByte))};
-  const int64_t tiles = hidden.tiles.numel();
-  kernels::flash::hidden_tiles_kernel<<<kernels::detail::grid_for(tiles), 256, 0, stream>>>(
-      own.const_data_ptr<float>(), own.stride(0), own.stride(1), own.stride(2), own.stride(3),
-      own.size(1), rows, keys, tile_rows, tile_keys, row_tiles, key_tiles, tiles,
-      hidden.tiles.mutable_data_ptr<uint8_t>(), hidden.any.mutable_data_ptr<int>());
+                               view.options().dtype(at::kByte))};
+  const kernels::flash::MaskTiles geometry{own.stride(0), own.stride(1), own.stride(2),
+                                           own.stride(3), own.size(1),   rows,
+                                           keys,          tile_rows,     tile_keys,
+                                           row_tiles,     key_tiles,     hidden.tiles.numel()};
+  // float32 entries contiguous in the own sizes, unless the mask is float32 already.
+  const std::optional<at::Tensor> converted =
+      dtype == at::kFloat ? std::nullopt
+                          : std::optional<at::Tensor>(
+                                at::empty(own.sizes(), view.options().dtype(at::kFloat)));
+  const auto launch = [&](const auto* entries) {
+    kernels::flash::launch_mask_tiles(
+        entries, geometry, converted ? converted->mutable_data_ptr<float>() : nullptr,
+        hidden.tiles.mutable_data_ptr<uint8_t>(), hidden.any.mutable_data_ptr<int>(), stream);
+  };
+  const void* const entries = own.const_data_ptr();
+  switch (dtype) {
+    case at::kBool: launch(static_cast<const bool*>(entries)); break;
+    case at::kHalf: launch(static_cast<const __half*>(entries)); break;
+    case at::kBFloat16: launch(static_cast<const __nv_bfloat16*>(entries)); break;
+    case at::kDouble: launch(static_cast<const double*>(entries)); break;
+    default: launch(static_cast<const float*>(entries)); break;
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return hidden;
+  return {converted ? converted->expand(view.sizes()) : view, hidden};
 }
 
 // mask: additive_mask's (batch / heads, heads, L, S) float32 view, or none; hidden: its
-// hidden_tiles map, or none. The caller keeps both alive until the kernels have been launched
+// HiddenTiles, or none. The caller keeps both alive until the kernels have been launched
 // (they read them on the stream, in order).
 kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale, bool causal,
                                        const std::optional<at::Tensor>& mask,
@@ -174,14 +211,6 @@ int64_t padded_head_dim(const at::Tensor& query, const AttentionShape& shape) {
   return shape.head_dim == width && shape.head_dim_v == width ? 0 : width;
 }
 
-// hidden_tiles where a tensor-core kernel may use it (half or bfloat16 inputs with a mask).
-std::optional<HiddenTiles> tiles_to_skip(const at::Tensor& query,
-                                        const std::optional<at::Tensor>& mask,
-                                        const AttentionShape& shape, cudaStream_t stream) {
-  const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
-  return half && mask.has_value() ? hidden_tiles(*mask, shape, stream) : std::nullopt;
-}
-
 // `tensor` with zero columns appended up to `width` in its last dim: a new contiguous tensor, or
 // `tensor` itself where it is that wide already (E = width, Ev narrower, or the reverse).
 at::Tensor padded(const at::Tensor& tensor, int64_t width) {
@@ -227,8 +256,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   check_dropout_not_captured(dropout_p);
   // attn_mask is checked here, after the guard, because making it additive float32 may allocate
   // on its device (a bool mask becomes a new tensor). Kept alive until after the launch.
-  const std::optional<at::Tensor> mask =
-      additive_mask(attn_mask, query, shape, causal, at::kFloat);
+  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, stream);
 
   // On the device, from the caching allocator (no host round trip, no sync); sizes only, so
   // both outputs are contiguous whatever the inputs' strides.
@@ -251,9 +279,8 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   const at::Tensor q = query.contiguous();  // (B, L, E)
   const at::Tensor k = key.contiguous();    // (B / kv_group, S, E)
   const at::Tensor v = value.contiguous();  // (B / kv_group, S, Ev)
-  const std::optional<HiddenTiles> hidden = tiles_to_skip(query, mask, shape, stream);
   const kernels::AttentionProblem problem =
-      make_problem(shape, scale, causal, mask, hidden, dropout_p, seed);
+      make_problem(shape, scale, causal, mask.additive, mask.hidden, dropout_p, seed);
   // Head dims the tensor-core kernels compute at a padded width: Hopper's takes them as they are
   // (multiples of 8); elsewhere (or where it declines) the problem is padded below, never given
   // to the generic one.
@@ -309,8 +336,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const c10::cuda::CUDAGuard device_guard(query.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   check_dropout_not_captured(dropout_p);
-  const std::optional<at::Tensor> mask =
-      additive_mask(attn_mask, query, shape, causal, at::kFloat);
+  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, stream);
 
   if (shape.batch == 0 || shape.len_q == 0 || shape.len_kv == 0) {
     // The output does not depend on any element: every gradient is zero. No kernel of ours.
@@ -334,9 +360,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const at::Tensor v = value.contiguous();           // (B / kv_group, S, Ev)
   const at::Tensor out = output.contiguous();        // (B, L, Ev)
   const at::Tensor lse = logsumexp.contiguous();     // (B, L), float32
-  const std::optional<HiddenTiles> hidden = tiles_to_skip(query, mask, shape, stream);
   const kernels::AttentionProblem problem =
-      make_problem(shape, scale, causal, mask, hidden, dropout_p, seed);
+      make_problem(shape, scale, causal, mask.additive, mask.hidden, dropout_p, seed);
 
   bool launched = false;
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_backward_cuda", [&] {

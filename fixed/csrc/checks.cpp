@@ -128,13 +128,12 @@ void check_cuda_head_dims(const AttentionShape& shape) {
                     std::to_string(shape.head_dim), ", Ev = ", std::to_string(shape.head_dim_v));
 }
 
-std::optional<at::Tensor> additive_mask(const std::optional<at::Tensor>& attn_mask,
-                                        const at::Tensor& query, const AttentionShape& shape,
-                                        bool causal, at::ScalarType dtype) {
-  if (!attn_mask.has_value()) {
-    return std::nullopt;
-  }
-  const at::Tensor& mask = *attn_mask;
+namespace {
+
+// The checks of attn_mask (see additive_mask); returns (..., L, S), the shape SDPA broadcasts
+// it to.
+std::vector<int64_t> check_mask(const at::Tensor& mask, const at::Tensor& query,
+                                const AttentionShape& shape, bool causal) {
   TORCH_CHECK_VALUE(!causal,
                     "attn_mask and is_causal=True cannot be combined (as in "
                     "scaled_dot_product_attention): put the causal mask into attn_mask");
@@ -150,15 +149,43 @@ std::optional<at::Tensor> additive_mask(const std::optional<at::Tensor>& attn_ma
   TORCH_CHECK_VALUE(at::is_expandable_to(mask.sizes(), scores),
                     "attn_mask must broadcast to (..., L, S) = ", shape_of(scores), "; got ",
                     shape_of(mask.sizes()));
+  return scores;
+}
+
+// `mask` (own elements) broadcast to `scores` and viewed as (batch / heads, heads, L, S):
+// stride 0 where it broadcasts, wherever the strides allow, else one copy.
+at::Tensor as_four_dims(const at::Tensor& mask, const std::vector<int64_t>& scores,
+                        const AttentionShape& shape) {
+  const int64_t outer = shape.heads == 0 ? 0 : shape.batch / shape.heads;
+  return mask.expand(scores).reshape({outer, shape.heads, shape.len_q, shape.len_kv});
+}
+
+}  // namespace
+
+std::optional<at::Tensor> additive_mask(const std::optional<at::Tensor>& attn_mask,
+                                        const at::Tensor& query, const AttentionShape& shape,
+                                        bool causal, at::ScalarType dtype) {
+  if (!attn_mask.has_value()) {
+    return std::nullopt;
+  }
+  const at::Tensor& mask = *attn_mask;
+  const std::vector<int64_t> scores = check_mask(mask, query, shape, causal);
   // On the mask's own (unbroadcast) elements: True -> 0, False -> -inf.
   at::Tensor additive =
       mask.scalar_type() == at::kBool
           ? at::zeros(mask.sizes(), mask.options().dtype(dtype))
                 .masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity())
           : mask.to(dtype);
-  // reshape: a view (stride 0 where broadcast) wherever the strides allow, else one copy.
-  const int64_t outer = shape.heads == 0 ? 0 : shape.batch / shape.heads;
-  return additive.expand(scores).reshape({outer, shape.heads, shape.len_q, shape.len_kv});
+  return as_four_dims(additive, scores, shape);
+}
+
+std::optional<at::Tensor> checked_mask(const std::optional<at::Tensor>& attn_mask,
+                                       const at::Tensor& query, const AttentionShape& shape,
+                                       bool causal) {
+  if (!attn_mask.has_value()) {
+    return std::nullopt;
+  }
+  return as_four_dims(*attn_mask, check_mask(*attn_mask, query, shape, causal), shape);
 }
 
 uint64_t dropout_seed_of(double dropout_p, const std::optional<at::Tensor>& dropout_seed) {

@@ -41,6 +41,13 @@ std::optional<at::Tensor> additive_mask(const std::optional<at::Tensor>& attn_ma
                                         const at::Tensor& query, const AttentionShape& shape,
                                         bool causal, at::ScalarType dtype);
 
+// attn_mask checked as additive_mask checks it and returned in its own dtype as
+// (batch / heads, heads, L, S), viewed and copied as additive_mask's: for a kernel that makes
+// the entries additive itself. std::nullopt without a mask.
+std::optional<at::Tensor> checked_mask(const std::optional<at::Tensor>& attn_mask,
+                                       const at::Tensor& query, const AttentionShape& shape,
+                                       bool causal);
+
 // dropout_p in [0, 1]; with dropout_p > 0 a 0-dim int64 CPU dropout_seed is required. Returns the
 // seed (0 without dropout).
 uint64_t dropout_seed_of(double dropout_p, const std::optional<at::Tensor>& dropout_seed);

@@ -239,6 +239,7 @@ CUDA_ROOTS = (
     REPO_ROOT / "flawed" / CUDA_SOURCE,
     KERNELS_DIR / "attention_backward_kernels.cuh",  # the generic kernels
     KERNELS_DIR / "flash_backward_sm90.cuh",  # every tensor-core kernel, forward and backward
+    KERNELS_DIR / "mask_tiles.cuh",  # the map of a mask's tiles
 )
 # The image with wgmma code (sm_90a): the root that holds it.
 SM90A_ROOTS = (KERNELS_DIR / "flash_backward_sm90.cuh",)
@@ -263,6 +264,7 @@ CUDA_HEADERS = tuple(
         "flash_forward_sm90_ws.cuh",
         "flash_forward_sm90.cuh",
         "flash_backward_sm90_cta.cuh",
+        "mask_tiles.cuh",
     )
 )
 PURE_CUDA_SOURCES = (*CUDA_ROOTS, *CUDA_HEADERS)

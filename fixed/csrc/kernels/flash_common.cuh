@@ -295,46 +295,6 @@ __device__ __forceinline__ bool zero_block(const AttentionProblem& p, int64_t b,
   return block_of_tiles(p, b, row0, rows, key0, keys, kHiddenTileZero);
 }
 
-// The map itself: hidden[tile] = 1 when every entry of that tile of the mask is -inf, 2 when
-// every one is 0 (either sign), else 0. Tiles are
-// tile_rows x tile_keys (kHiddenTile, or 1 along a dimension the mask broadcasts), numbered
-// (outer, head, row tile, key tile) row-major; the mask is read through its strides, one block
-// per tile (consecutive threads on consecutive keys). *any_hidden (zeroed before) gets bit 0
-// when some tile is hidden, bit 1 when some tile is zero.
-__global__ void __launch_bounds__(256)
-    hidden_tiles_kernel(const float* __restrict__ mask, const int64_t stride_outer,
-                        const int64_t stride_head, const int64_t stride_row,
-                        const int64_t stride_col, const int64_t heads, const int64_t rows,
-                        const int64_t keys, const int tile_rows, const int tile_keys,
-                        const int64_t row_tiles, const int64_t key_tiles, const int64_t tiles,
-                        uint8_t* __restrict__ hidden, int* __restrict__ any_hidden) {
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t key_tile = tile % key_tiles, row_tile = (tile / key_tiles) % row_tiles;
-    const int64_t slice = tile / (key_tiles * row_tiles);
-    const float* const base =
-        mask + (slice / heads) * stride_outer + (slice % heads) * stride_head;
-    bool all_hidden = true, all_zero = true;
-    for (int i = static_cast<int>(threadIdx.x); i < tile_rows * tile_keys; i += blockDim.x) {
-      const int64_t row = row_tile * tile_rows + i / tile_keys;
-      const int64_t key = key_tile * tile_keys + i % tile_keys;
-      if (row < rows && key < keys) {
-        const float entry = base[row * stride_row + key * stride_col];
-        all_hidden = all_hidden && entry == -INFINITY;
-        all_zero = all_zero && entry == 0.f;
-      }
-    }
-    all_hidden = __syncthreads_and(all_hidden);
-    all_zero = __syncthreads_and(all_zero);
-    if (threadIdx.x == 0) {
-      const uint8_t kind = all_hidden ? kHiddenTileHidden : all_zero ? kHiddenTileZero : 0;
-      hidden[tile] = kind;
-      if (kind != 0) {
-        atomicOr(any_hidden, kind);
-      }
-    }
-  }
-}
-
 // Batch item b's (L, S) slice of the additive float32 mask (strides may be 0), or null.
 __device__ __forceinline__ const float* mask_rows(const AttentionProblem& p, int64_t b) {
   return p.mask == nullptr
