@@ -2,7 +2,7 @@
 in the broadcast forms SDPA accepts (fully masked rows included; masks that hide whole tiles, which
 the wgmma kernels skip: causal, documents, key padding), dropout, and both together,
 with GQA and with padded head dims. Forward and backward must run on the tensor-core kernels
-(wgmma on compute capability 9.0, mma.sync elsewhere; the backward over head dim 128 mma.sync) and
+(wgmma on compute capability 9.0, over head dim 128 the wide wgmma backward; mma.sync elsewhere) and
 agree with the CPU kernels of the same operator in float64: the same mask entries, the same
 Philox keep mask (philox.h), so the whole output and every gradient can be compared, dropout
 included. The mask cases are also compared with an independent float64 formula. Inputs are fresh
@@ -184,10 +184,10 @@ def expected_kernels(dtype, mask, head_dim) -> tuple[str, ...]:
     """Substrings of the kernels that must run: the forward's, the backward's main one."""
     if dtype == torch.float32:
         return ("flash_forward_f32_kernel", "flash_backward_f32_kernel")
-    # Over head dim 128 the backward is the mma.sync one on every device.
-    backward = "flash_backward_kernel" if head_dim > 128 else None
     if torch.cuda.get_device_capability() != (9, 0):
-        return ("flash_forward_kernel", backward or "flash_backward_kernel")
+        return ("flash_forward_kernel", "flash_backward_kernel")
+    # On compute capability 9.0 the backward over head dim 128 is the wide wgmma kernel.
+    backward = "flash_backward_sm90_wide_kernel" if head_dim > 128 else None
     # On compute capability 9.0 the forward is the warp-specialized kernel, whose producer loads
     # the mask by TMA; a mask whose keys are not contiguous (the transposed view) is for the
     # wgmma kernel's per-thread loads.

@@ -42,9 +42,9 @@ pytestmark = NEEDS_CUDA
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 # float32: 3xTF32 (flash_backward_f32.cuh), held to float32's tolerance.
 DTYPES = [*HALF_DTYPES, torch.float32]
-# The head dims the tensor-core backward covers as they are (256: bf16/fp16 only, on the mma.sync
-# kernel on every device; float32's tensor-core kernels stop at 128, and over it float32 runs
-# generic).
+# The head dims the tensor-core backward covers as they are (256: bf16/fp16 only, on the wide
+# wgmma kernel on compute capability 9.0, the mma.sync one elsewhere; float32's tensor-core
+# kernels stop at 128, and over it float32 runs generic).
 HEAD_DIMS = [64, 128, 256]
 # (leading dims, L, S): around the 64-row query blocks and 128-key blocks, L == S and L != S both
 # ways (causal: keys past the last row get zero gradients), batch * heads from 1 to 64.
@@ -63,8 +63,14 @@ CASES = [
 ]
 BACKWARD_KERNEL = "flash_backward_kernel"  # mma.sync
 SM90_BACKWARD_KERNEL = "flash_backward_sm90_kernel"  # wgmma: compute capability 9.0
+SM90_WIDE_BACKWARD_KERNEL = "flash_backward_sm90_wide_kernel"  # the same, head dims over 128
 F32_BACKWARD_KERNEL = "flash_backward_f32_kernel"  # float32, every sm_80+ device
-MAIN_KERNELS = (BACKWARD_KERNEL, SM90_BACKWARD_KERNEL, F32_BACKWARD_KERNEL)
+MAIN_KERNELS = (
+    BACKWARD_KERNEL,
+    SM90_BACKWARD_KERNEL,
+    SM90_WIDE_BACKWARD_KERNEL,
+    F32_BACKWARD_KERNEL,
+)
 
 
 def main_kernels(names):
@@ -242,9 +248,10 @@ def kernels_launched(q, k, v, grad, causal=False):
 
 def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
     """bf16/fp16 with head dim 64 or 128 take the tensor-core backward (the wgmma kernel on
-    compute capability 9.0, the mma.sync one elsewhere), at 256 (and 192, padded to it) the
-    mma.sync one everywhere; float32 up to 128 the 3xTF32 one; float32 over 128, misaligned
-    inputs and deterministic mode take the generic one. Without this, a dispatch that always
+    compute capability 9.0, the mma.sync one elsewhere), at 256 and 192 the wide wgmma kernel on
+    9.0 (192 as it is) and the mma.sync one elsewhere (192 padded to 256); float32 up to 128
+    the 3xTF32 one; float32 over 128, misaligned inputs and deterministic mode take the generic
+    one. Without this, a dispatch that always
     fell back would pass every result test above."""
     generator = torch.Generator().manual_seed(seed)
     if not kernels_launched(*make_inputs((2,), 100, 100, 64, torch.float32, generator)):
@@ -295,11 +302,12 @@ def test_the_tensor_core_backward_runs_where_it_should(fixed, seed):
 
 def tensor_core_kernels(dtype, head_dim=64) -> tuple[str, str]:
     """The forward and backward kernels a problem of `dtype` whose wider head dim (E or Ev) is
-    `head_dim` runs on this device (float32: up to 128). The wgmma backward stops at 128."""
+    `head_dim` runs on this device (float32: up to 128). Over 128 the wgmma backward is the wide
+    kernel."""
     if dtype == torch.float32:
         return ("flash_forward_f32_kernel", F32_BACKWARD_KERNEL)
     if torch.cuda.get_device_capability() == (9, 0):
-        backward = SM90_BACKWARD_KERNEL if head_dim <= 128 else BACKWARD_KERNEL
+        backward = SM90_BACKWARD_KERNEL if head_dim <= 128 else SM90_WIDE_BACKWARD_KERNEL
         return ("flash_forward_sm90_ws_kernel", backward)
     return ("flash_forward_kernel", BACKWARD_KERNEL)
 
@@ -367,8 +375,8 @@ def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed
 
 # (E, Ev) the tensor-core kernels do not take as they are: run at head dim 64 or 128 with zero
 # columns (attention_cuda.cu's padded_head_dim), the extra output and gradient columns cut off;
-# over 128 (bf16/fp16 only) at 256. On compute capability 9.0 both passes take those up to 128
-# as they are (test_hopper_backward_reads_other_head_dims_as_they_are).
+# over 128 (bf16/fp16 only) at 256. On compute capability 9.0 both passes take them as they are
+# (test_hopper_backward_reads_other_head_dims_as_they_are).
 PADDED_HEAD_DIMS = [(80, 80), (96, 96), (32, 32), (128, 64), (48, 80), (8, 16)]
 WIDE_PADDED_HEAD_DIMS = [(192, 192), (200, 136), (72, 256)]
 
@@ -410,15 +418,24 @@ def test_other_head_dims_run_padded_on_the_tensor_cores(fixed, seed, dtype, caus
 
 
 def test_hopper_backward_reads_other_head_dims_as_they_are(fixed, seed):
-    """On compute capability 9.0 the wgmma backward takes E and Ev up to 128 (multiples of 8) as
-    they are, as the forward does: its loads fill the tile's columns past them with zeros. Three
-    launches (the prologue, the wgmma kernel, the dq kernel) and nothing else: no padded copies
-    of the five inputs, no copies of the three gradients; the gradients against float64."""
+    """On compute capability 9.0 the wgmma backward takes E and Ev up to 256 (multiples of 8) as
+    they are, as the forward does: its loads fill the tile's columns past them with zeros (over
+    128 the wide kernel's). Three launches (the prologue, the wgmma kernel, the dq kernel) and
+    nothing else: no padded copies of the five inputs, no copies of the three gradients; the
+    gradients against float64."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma backward needs compute capability 9.0")
     generator = torch.Generator().manual_seed(seed)
-    stages = ("flash_backward_prologue_kernel", SM90_BACKWARD_KERNEL, "flash_backward_dq_kernel")
-    cases = ((80, 80, False), (128, 64, True), (48, 96, False), (8, 16, True), (72, 120, False))
+    cases = (
+        (80, 80, False),
+        (128, 64, True),
+        (48, 96, False),
+        (8, 16, True),
+        (72, 120, False),
+        (192, 192, True),
+        (200, 136, False),
+        (72, 256, True),
+    )
     for dtype in HALF_DTYPES:
         for head_dim, head_dim_v, causal in cases:
             scale = 1.0 / math.sqrt(head_dim)
@@ -439,6 +456,8 @@ def test_hopper_backward_reads_other_head_dims_as_they_are(fixed, seed):
             where = (
                 f"{dtype_id(dtype)} E={head_dim} Ev={head_dim_v} causal={causal}; {replay(seed)}"
             )
+            main = tensor_core_kernels(dtype, max(head_dim, head_dim_v))[1]
+            stages = ("flash_backward_prologue_kernel", main, "flash_backward_dq_kernel")
             with check:
                 assert len(names) == 3 and all(
                     stage in name for stage, name in zip(stages, names, strict=True)
@@ -456,7 +475,7 @@ def test_hopper_images_hold_the_wgmma_backward(fixed):
     """As test_flash_forward.py's test of the forward: a build with code for compute capability
     9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all 24
     instances (two dtypes by two tile head dims by three sets of SDPA arguments, each with
-    E = Ev = D and with head dims read as they are)."""
+    E = Ev = D and with head dims read as they are), and the wide kernel in all 12 of its own."""
     from fixed import _build
 
     cuobjdump = find_cuda_tool("cuobjdump")
@@ -475,12 +494,11 @@ def test_hopper_images_hold_the_wgmma_backward(fixed):
         text=True,
         check=True,
     ).stdout
-    functions = [
-        part for part in sass.split("Function : ")[1:] if SM90_BACKWARD_KERNEL in part[:300]
-    ]
-    assert len(functions) == 24, f"expected {SM90_BACKWARD_KERNEL} x 24 instances: {len(functions)}"
-    for function in functions:
-        assert "HGMMA" in function, f"no HGMMA in {function.splitlines()[0]}"
+    for kernel, instances in ((SM90_BACKWARD_KERNEL, 24), (SM90_WIDE_BACKWARD_KERNEL, 12)):
+        functions = [part for part in sass.split("Function : ")[1:] if kernel in part[:300]]
+        assert len(functions) == instances, f"expected {kernel} x {instances}: {len(functions)}"
+        for function in functions:
+            assert "HGMMA" in function, f"no HGMMA in {function.splitlines()[0]}"
 
 
 # --------------------------------------------------------------------------- compute-sanitizer

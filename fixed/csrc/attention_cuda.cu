@@ -10,8 +10,8 @@
 // there, so nvcc can compile-check them without a GPU. Half and bfloat16 run on the tensor-core
 // kernels with every SDPA argument (a mask, dropout, grouped-query heads), and so do other head
 // dims and Ev != E up to 128: as they are on Hopper (both passes, multiples of 8), padded
-// elsewhere (padded_head_dim); and so do head dims up to 256 (the forward as they are on
-// Hopper, padded to 256 elsewhere; the backward padded to 256). float32 runs on tensor cores
+// elsewhere (padded_head_dim); and so do head dims up to 256 (as they are on Hopper, both
+// passes; padded to 256 elsewhere). float32 runs on tensor cores
 // too, in 3xTF32 (float32's accuracy): the forward and backward at head dims 64 and 128
 // (flash_forward_f32.cuh, flash_backward_f32.cuh), other head dims up to 128 padded; wider
 // heads run generic.
@@ -349,7 +349,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   at::Tensor grad_key = at::empty(key.sizes(), key.options());        // (..., S, E)
   at::Tensor grad_value = at::empty(value.sizes(), value.options());  // (..., S, Ev)
   // As the forward: head dims the tensor-core kernels compute at a padded width. Hopper's takes
-  // them as they are (multiples of 8 up to 128); elsewhere (or where it declines) the problem is
+  // them as they are (multiples of 8 up to 256); elsewhere (or where it declines) the problem is
   // padded below. Not in deterministic mode, whose generic kernels take any head dim as it is.
   const bool deterministic = at::globalContext().deterministicAlgorithms();
   const int64_t width = deterministic ? 0 : padded_head_dim(query, shape);

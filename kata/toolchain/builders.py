@@ -264,6 +264,7 @@ CUDA_HEADERS = tuple(
         "flash_forward_sm90_ws.cuh",
         "flash_forward_sm90.cuh",
         "flash_backward_sm90_cta.cuh",
+        "flash_backward_sm90_wide.cuh",
     )
 )
 PURE_CUDA_SOURCES = (*CUDA_ROOTS, *CUDA_HEADERS)

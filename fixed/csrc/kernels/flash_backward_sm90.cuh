@@ -1,4 +1,5 @@
-// The backward for Hopper (compute capability 9.0), bf16/fp16, head dims 64 and 128: the
+// The backward for Hopper (compute capability 9.0), bf16/fp16, head dims up to 128 (over it, to
+// 256, the wide kernel below): the
 // algorithm of flash_backward.cuh (transposed scores with keys as the M dimension, P from the
 // forward's lse, dK and dV of a 128-key block in registers, dQ summed over key blocks in a float32
 // workspace; the same prologue kernel, the same causal convention, tails and work order) with all
@@ -9,9 +10,10 @@
 // workspace by one bulk reduction instead of per-thread atomics: 1.2-1.3x more (v14).
 //
 // launch_flash_backward at the bottom is the glue's entry point: on a device of compute
-// capability 9.0 it takes bf16/fp16 at head dim 64 or 128 (takes_tensor_cores: GQA, a mask and
-// dropout included, query blocks a mask hides entirely skipped; 16-byte aligned tensors) on this
-// kernel, otherwise it calls flash_backward.cuh's
+// capability 9.0 it takes bf16/fp16 with E and Ev up to 128 (GQA, a mask and dropout included,
+// query blocks a mask hides entirely skipped; 16-byte aligned tensors) on this kernel, up to 256
+// on the wide kernel (flash_backward_sm90_wide.cuh: sm_90a images only), otherwise it calls
+// flash_backward.cuh's
 // launch_flash_backward_mma_sync (which declines what neither covers: the caller then runs the
 // generic kernels). The wgmma body
 // exists only in an sm_90a image (fixed/_build.py compiles sm_90a wherever the arch list has
@@ -35,6 +37,7 @@
 #include "attention_problem.cuh"        // AttentionProblem
 #include "flash_backward.cuh"           // launch_flash_backward_mma_sync, detail::backward
 #include "flash_backward_sm90_cta.cuh"  // BackwardTile, wgmma_backward_cta
+#include "flash_backward_sm90_wide.cuh"  // BackwardTileWide, wgmma_backward_wide_cta
 #include "flash_common.cuh"             // for_score_args, takes_tensor_cores, aligned16, ...
 #include "flash_forward_sm90.cuh"       // current_device_is_sm90
 
@@ -79,6 +82,29 @@ __global__ void __launch_bounds__(F::kThreads, 1)
 #endif
 }
 
+// Head dims over 128 (flash_backward_sm90_wide.cuh): sm_90a only. Other images hold a marker
+// for the launcher (has_sm90a_image) and a trap, were it launched all the same.
+template <typename T, int kArgs, bool kAsIs>
+__global__ void __launch_bounds__(BackwardTileWide::kThreads, 1)
+    flash_backward_sm90_wide_kernel(const T* __restrict__ q, const T* __restrict__ k,
+                                    const T* __restrict__ v, const T* __restrict__ dout,
+                                    const float* __restrict__ lse_log2,
+                                    const float* __restrict__ delta,
+                                    float* __restrict__ dq_accum, T* __restrict__ dk,
+                                    T* __restrict__ dv, const AttentionProblem p,
+                                    const int64_t rows_padded, const bool longest_first) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  wgmma_backward_wide_cta<T, kArgs, kAsIs>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p,
+                                           rows_padded, longest_first);
+#elif defined(__CUDA_ARCH__)
+  __shared__ uint32_t no_sm90a_body[4];
+  if (p.batch < 0) {  // never: keeps the marker
+    reinterpret_cast<volatile uint32_t*>(no_sm90a_body)[threadIdx.x & 3] = 0;
+  }
+  __trap();
+#endif
+}
+
 // Launches the three kernels (prologue, this main kernel, dq) on `stream`, or returns false
 // having launched nothing when no image of the kernel that can take the problem exists for the
 // device (sm_80+; with kAsIs, sm_90a).
@@ -100,13 +126,30 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
 }
 
 // The head dim D of the wgmma tile that takes the problem's E and Ev as they are (multiples of
-// 8, at most 128: the narrower of 64 and 128 that holds both), 0 where none does.
+// 8, at most 256: the narrowest of 64, 128 and 256 that holds both), 0 where none does.
 inline int tile_head_dim(const AttentionProblem& p) {
   const int64_t E = p.head_dim, Ev = value_dim(p), widest = E > Ev ? E : Ev;
-  if (E <= 0 || Ev <= 0 || E % 8 != 0 || Ev % 8 != 0 || widest > 128) {
+  if (E <= 0 || Ev <= 0 || E % 8 != 0 || Ev % 8 != 0 || widest > 256) {
     return 0;
   }
-  return widest <= 64 ? 64 : 128;
+  return widest <= 64 ? 64 : widest <= 128 ? 128 : 256;
+}
+
+// The wide kernel's launches; false, having launched nothing, without an sm_90a image.
+template <typename T, bool kAsIs>
+bool launch_backward_wide(const T* dout, const T* q, const T* k, const T* v, const T* out,
+                          const float* lse, float* lse_log2, float* delta, float* dq_accum,
+                          T* dq, T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
+  auto* kernel = for_score_args(p, flash_backward_sm90_wide_kernel<T, kNoArgs, kAsIs>,
+                                flash_backward_sm90_wide_kernel<T, kMaskOnly, kAsIs>,
+                                flash_backward_sm90_wide_kernel<T, kMaskAndDropout, kAsIs>);
+  if (!has_sm90a_image(kernel)) {
+    return false;
+  }
+  detail::backward<T, BackwardTileWide, true, kAsIs>(kernel, BackwardTileWide::kSmemBytes, dout,
+                                                     q, k, v, out, lse, lse_log2, delta,
+                                                     dq_accum, dq, dk, dv, p, stream);
+  return true;
 }
 
 // The wgmma backward where it covers the case: bf16/fp16 (T), E and Ev of a tile_head_dim,
@@ -134,6 +177,12 @@ bool backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
     return launch_backward<T, decltype(tile), decltype(columns_as_is)::value>(
         dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq, dk, dv, p, stream);
   };
+  if (tile_dim == 256) {
+    return as_is ? launch_backward_wide<T, true>(dout, q, k, v, out, lse, lse_log2, delta,
+                                                 dq_accum, dq, dk, dv, p, stream)
+                 : launch_backward_wide<T, false>(dout, q, k, v, out, lse, lse_log2, delta,
+                                                  dq_accum, dq, dk, dv, p, stream);
+  }
   if (tile_dim == 64) {
     return as_is ? launch(BackwardTile<64>{}, std::true_type{})
                  : launch(BackwardTile<64>{}, std::false_type{});
@@ -161,9 +210,11 @@ BackwardWorkspace flash_backward_workspace(const T* q, const AttentionProblem& p
   if (tile_dim == 0 || !flash::sm90::current_device_is_sm90()) {
     return {flash_backward_rows(q, p), p.head_dim};
   }
-  return {tile_dim == 64 ? flash::padded_rows<flash::BackwardTiling64>(p.len_q)
-                         : flash::padded_rows<flash::BackwardTiling128>(p.len_q),
-          tile_dim};
+  const int64_t rows =
+      tile_dim == 64    ? flash::padded_rows<flash::BackwardTiling64>(p.len_q)
+      : tile_dim == 128 ? flash::padded_rows<flash::BackwardTiling128>(p.len_q)
+                        : flash::padded_rows<flash::sm90::BackwardTileWide>(p.len_q);
+  return {rows, tile_dim};
 }
 
 // The glue's entry point, one overload per dtype (non-templates, so that nvcc's compile check of

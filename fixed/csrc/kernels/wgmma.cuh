@@ -120,11 +120,13 @@ __device__ __forceinline__ void wgmma_fence_fragments(uint32_t (&registers)[N][4
 #define FIXED_WGMMA_D8(i)                                                                 \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FIXED_WGMMA_D16 FIXED_WGMMA_D8(0), FIXED_WGMMA_D8(8)
 #define FIXED_WGMMA_D32 \
   FIXED_WGMMA_D8(0), FIXED_WGMMA_D8(8), FIXED_WGMMA_D8(16), FIXED_WGMMA_D8(24)
 #define FIXED_WGMMA_D64                                                             \
   FIXED_WGMMA_D8(0), FIXED_WGMMA_D8(8), FIXED_WGMMA_D8(16), FIXED_WGMMA_D8(24),     \
       FIXED_WGMMA_D8(32), FIXED_WGMMA_D8(40), FIXED_WGMMA_D8(48), FIXED_WGMMA_D8(56)
+#define FIXED_WGMMA_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FIXED_WGMMA_REGS32                                                               \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -133,6 +135,25 @@ __device__ __forceinline__ void wgmma_fence_fragments(uint32_t (&registers)[N][4
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
   "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
   "%55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+// D (64 x 32, f32) = A B (+ D when accumulate): A 64 x 16 and B 16 x 32 both K-major in shared
+// memory (flash_backward_sm90_wide.cuh's S^T and dP^T over one warpgroup's 32 queries).
+#define FIXED_WGMMA_M64N32K16_SS(TYPE)                                                      \
+  FIXED_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                              \
+                  "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "           \
+                  FIXED_WGMMA_REGS16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"                      \
+                  : FIXED_WGMMA_D16                                                         \
+                  : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)))
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t desc_a,
+                                                   uint64_t desc_b, bool accumulate) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    FIXED_WGMMA_M64N32K16_SS("bf16");
+  } else {
+    FIXED_WGMMA_M64N32K16_SS("f16");
+  }
+}
 
 // D (64 x 64, f32) = A B (+ D when accumulate): A 64 x 16 and B 16 x 64 both K-major in shared
 // memory.
@@ -193,6 +214,26 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss_mn(float (&d)[32], uint64_t d
   }
 }
 
+// D (64 x 128, f32) += A B: A 64 x 16 K-major and B 16 x 128 MN-major (imm-trans-b = 1), both
+// in shared memory (flash_backward_sm90_wide.cuh's dV += P^T dO and dK += dS^T Q, where both
+// warpgroups read the whole P^T and dS^T).
+#define FIXED_WGMMA_M64N128K16_SS_BMN(TYPE)                                                 \
+  FIXED_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                              \
+                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "          \
+                  FIXED_WGMMA_REGS64 ", %64, %65, p, 1, 1, 0, 1;\n}\n"                     \
+                  : FIXED_WGMMA_D64                                                         \
+                  : "l"(desc_a), "l"(desc_b), "r"(1u))
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16_ss_bmn(float (&d)[64], uint64_t desc_a,
+                                                        uint64_t desc_b) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    FIXED_WGMMA_M64N128K16_SS_BMN("bf16");
+  } else {
+    FIXED_WGMMA_M64N128K16_SS_BMN("f16");
+  }
+}
+
 // D (64 x 128, f32) += A B: A 64 x 16 from registers (the mma.sync A fragment per warp), B
 // 16 x 128 MN-major in shared memory (the trailing 1: B transposed, N contiguous).
 #define FIXED_WGMMA_M64N128K16_RS(TYPE)                                                      \
@@ -241,14 +282,18 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
 }
 
 #undef FIXED_WGMMA_M64N64K16_SS_MN
+#undef FIXED_WGMMA_M64N32K16_SS
+#undef FIXED_WGMMA_M64N128K16_SS_BMN
 #undef FIXED_WGMMA_M64N128K16_SS
 #undef FIXED_WGMMA_M64N64K16_RS
 #undef FIXED_WGMMA_M64N128K16_RS
 #undef FIXED_WGMMA_M64N64K16_SS
 #undef FIXED_WGMMA_REGS64
 #undef FIXED_WGMMA_REGS32
+#undef FIXED_WGMMA_REGS16
 #undef FIXED_WGMMA_D64
 #undef FIXED_WGMMA_D32
+#undef FIXED_WGMMA_D16
 #undef FIXED_WGMMA_D8
 #undef FIXED_WGMMA_ASM
 
