@@ -199,8 +199,12 @@ void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* do
   }
   kernels::detail::allow_shared_memory(kernel, smem_bytes);
   const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN) * F::kDimParts;
-  const bool longest_first = (p.causal && longest_first_pays(p.batch, p.len_q, p.head_dim)) ||
-                             mask_shared_by_neighbours(p);  // the streams: Q and dO; the mask
+  // The streams: Q and dO, and the float32 dQ accumulator the kernel adds to once per key block:
+  // a kernel of 64-key blocks (the wide one) adds twice as often per FLOP as the 128-key ones
+  // the rule was fitted to, its head dim counted twice (perf/NOTES.md, v26); the mask.
+  const int64_t streamed_dims = p.head_dim * (128 / F::kBlockN);
+  const bool longest_first = (p.causal && longest_first_pays(p.batch, p.len_q, streamed_dims)) ||
+                             mask_shared_by_neighbours(p);
   kernel<<<kernels::detail::grid_for(work), F::kThreads, smem_bytes, stream>>>(
       q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows, longest_first);
   if (cudaPeekAtLastError() != cudaSuccess) {
