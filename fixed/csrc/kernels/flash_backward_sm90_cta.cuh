@@ -15,8 +15,9 @@
 // The loop runs over the query blocks of kBlockM rows that can see the keys, flash_backward.cuh's
 // blocks (D = 64: kBlockM = 128; D = 128: 64), so that the workspace rows (flash_backward_rows)
 // serve both kernels. Per query block m0 and warpgroup, M = R = kBlockM queries:
-//   1. S^T (64 keys x R, f32, R / 2 per thread) = K Q^T: D / 16 wgmma m64nRk16, A = the
-//      warpgroup's 64 rows of K, B = Q, both K-major in shared memory (the head dim contiguous).
+//   1. S^T (64 keys x R, f32, R / 2 per thread) = K Q^T: D / 16 wgmma m64nRk16 (all of them with
+//      kAsIs too: a loop cut at E ran 6-17% slower, v26), A = the warpgroup's 64 rows of K, B = Q,
+//      both K-major in shared memory.
 //   2. dP^T (64 x R) = V dO^T: the same with V and dO. Committed as a second group: P^T is
 //      computed while dP^T is in flight.
 //   3. P^T = 2^(S^T scale log2(e) - lse log2(e)) (0 where causal hides the pair), in place.
@@ -81,12 +82,10 @@
 // as step 3 has read this block's (load_mask_part), and the wait at the top takes them. Before,
 // the entries went to registers (a window of n-tiles per thread, loaded while S^T ran): at
 // D = 64 their latency was exposed (a float mask's backward 3.5x the plain one).
-// Registers (nvcc 13.0, -Xptxas -v, sm_90a, both dtypes): 254 (D = 64) and 255 (D = 128) per
-// thread, no spill (250 at both with kEarlyDv false); one CTA of 256 threads per SM. Per thread:
-// dK, dV 2 x D / 2 f32 accumulators; S^T, dP^T 2 x R / 2; dQ 32; the packed P^T and dS^T
-// fragments 2 x R / 4. The sm_80 and sm_90 images' body is flash_backward.cuh's, with the
-// swizzled dQ addresses.
-// Sizes: int64_t for lengths and global offsets; work items loop over gridDim.x only.
+// Registers (nvcc 13.0, sm_90a): 254-255, no spill plain (masks, dropout: 20-40 bytes; 250 with
+// kEarlyDv false); one CTA per SM. Per thread: dK, dV 2 x D / 2 f32 accumulators; S^T, dP^T
+// 2 x R / 2; dQ 32; the packed P^T, dS^T 2 x R / 4. Other images run flash_backward.cuh's body
+// (swizzled dQ addresses). int64_t for lengths and global offsets.
 #ifndef FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
 #define FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
 
@@ -249,6 +248,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const float keep_scale = dropout_scale(p.dropout_p);
   const uint32_t keep_threshold = dropout::threshold(p.dropout_p);
   const int slot = g & 3;  // the lane's place among those sharing Philox blocks
+  const uint64_t counter_rows8 = 4 * dropout::block_cols(S);  // the counter's step per 8 rows
   static_assert(kQTiles % 2 == 0, "dropout's Philox blocks are drawn for two n-tiles at once");
   constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;
   const bool skips = kArgs == kMaskOnly && skips_hidden_blocks(p);
@@ -371,21 +371,20 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
           bias[i] = mask_at(i / 4, i % 4);
         }
       }
-      // Dropout's keep bits, drawn while the products run (the Philox rounds are otherwise a
-      // serial chain the softmax waits on): bit i for element s[i]. Tiles j, j + 1 are one call
-      // each for four lanes, whose bit 4 jj + e is element e of tile j + jj.
+      // Dropout's keep bits, drawn while the products run: bit i for element s[i]. Tiles j, j + 1
+      // are one call each for four lanes, whose bit 4 jj + e is element e of tile j + jj.
       uint32_t kept[kKeptWords];
 #pragma unroll
       for (int w = 0; w < kKeptWords; ++w) {
         kept[w] = 0u;
       }
-      if (has_dropout) {
+      if (has_dropout) {  // the Philox counter of tiles 0, 1, stepped by 8 rows per tile
+        uint64_t counter = dropout::block_counter(b, m0 + 8 * (slot >> 1) + 2 * t,
+                                                  n0 + key_row0 + g + 8 * (slot & 1), L, S);
 #pragma unroll
-        for (int j = 0; j < kQTiles; j += 2) {
-          kept[(4 * j) / 32] |= dropout_keep_bits<DropoutPair::kAlongRows>(
-                                    p, keep_threshold, b, m0 + 8 * (j + (slot >> 1)) + 2 * t,
-                                    n0 + key_row0 + g + 8 * (slot & 1), slot)
-                                << ((4 * j) % 32);
+        for (int j = 0; j < kQTiles; j += 2, counter += 2 * counter_rows8) {
+          kept[(4 * j) / 32] |= dropout_keep_bits_at<DropoutPair::kAlongRows>(
+                                    p, keep_threshold, counter, slot) << ((4 * j) % 32);
         }
       }
       wgmma_wait_group<1>();  // S^T has landed; dP^T may still be in flight

@@ -217,14 +217,14 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
         }
       }
       uint32_t kept = 0u;  // bit i: element s[i] kept
-      if (has_dropout) {
-#pragma unroll
-        for (int j = 0; j < 4; j += 2) {
-          kept |= dropout_keep_bits<DropoutPair::kAlongRows>(
-                      p, keep_threshold, b, m0 + query0 + 8 * (j + (slot >> 1)) + 2 * t,
-                      n0 + key_row0 + g + 8 * (slot & 1), slot)
-                  << (4 * j);
-        }
+      if (has_dropout) {  // tiles 2 and 3 are 16 rows (8 block rows) after tiles 0 and 1
+        const uint64_t counter = dropout::block_counter(b, m0 + query0 + 8 * (slot >> 1) + 2 * t,
+                                                        n0 + key_row0 + g + 8 * (slot & 1), L, S);
+        const uint64_t rows16 = 8 * dropout::block_cols(S);
+        kept = dropout_keep_bits_at<DropoutPair::kAlongRows>(p, keep_threshold, counter, slot) |
+               dropout_keep_bits_at<DropoutPair::kAlongRows>(p, keep_threshold, counter + rows16,
+                                                             slot)
+                   << 8;
       }
       const auto factor = [&](int i) {  // Z of element i: 1 without dropout
         return !has_dropout ? 1.f : (kept >> i) & 1u ? keep_scale : 0.f;

@@ -421,36 +421,39 @@ __device__ __forceinline__ void add_mask_row(Fragments& s, int first, const floa
 //   (g & 3); slot = g & 3 = key & 3, and the lane's bits are half (slot & 1) of words
 //   slot >> 1 (even row) and 2 + (slot >> 1) (odd row), sent packed in one word.
 enum class DropoutPair { kAlongKeys, kAlongRows };
+// `counter`: dropout::block_counter of the lane's block (b, row, key): callers that draw many
+// blocks step it (philox.h) instead of recomputing its 64-bit products (about 38 of a call's 130
+// instructions, sm_90a; perf/NOTES.md, v26).
 template <DropoutPair kPair>
-__device__ __forceinline__ uint32_t dropout_keep_bits(const AttentionProblem& p,
-                                                      uint32_t keep_threshold, int64_t b,
-                                                      int64_t row, int64_t key, int slot) {
+__device__ __forceinline__ uint32_t dropout_keep_bits_at(const AttentionProblem& p,
+                                                         uint32_t keep_threshold,
+                                                         uint64_t counter, int slot) {
   constexpr bool kKeys = kPair == DropoutPair::kAlongKeys;
-  const dropout::Words drawn =
-      dropout::block_words(p.dropout_seed, b, row, key, p.len_q, p.len_kv);
-  // Word `index` (0..3, per lane) of the drawn block by two levels of selects on its bits: an
-  // array indexed at run time would go to local memory, and a chain of comparisons compiled to
-  // divergent branches (ncu: 28% branch efficiency).
-  auto word = [&](int index) -> uint32_t {
-    const uint32_t even = (index & 2) ? drawn.w[2] : drawn.w[0];
-    const uint32_t odd = (index & 2) ? drawn.w[3] : drawn.w[1];
-    return (index & 1) ? odd : even;
-  };
-  // The drawn block's bits for the lane at slot `to`: its first element in the low half.
-  auto bits_for = [&](int to) -> uint32_t {
+  const dropout::Words drawn = dropout::counter_words(p.dropout_seed, counter);
+  // The drawn block's bits for the lane at slot ^ d (d a constant of the unrolled loops below):
+  // word `to` (kAlongKeys) or halves `to & 1` of words `to >> 1`, 2 + (to >> 1) (kAlongRows),
+  // to = slot ^ d, chosen by selects on lane constants and one byte permute. Registers are not
+  // indexed at run time (local memory), and a chain of comparisons compiled to divergent
+  // branches (ncu: 28% branch efficiency).
+  const bool odd_pair = (slot & 2) != 0, odd_half = (slot & 1) != 0;
+  const auto bits_for = [&](int d) -> uint32_t {
+    const bool pair = odd_pair != ((d & 2) != 0), half = odd_half != ((d & 1) != 0);
     if constexpr (kKeys) {
-      return word(to);
+      const uint32_t even = pair ? drawn.w[2] : drawn.w[0];
+      const uint32_t odd = pair ? drawn.w[3] : drawn.w[1];
+      return half ? odd : even;
     } else {
-      return dropout::half_of(word(to >> 1), to & 1) |
-             (dropout::half_of(word(2 + (to >> 1)), to & 1) << 16);
+      const uint32_t first = pair ? drawn.w[1] : drawn.w[0];
+      const uint32_t second = pair ? drawn.w[3] : drawn.w[2];
+      return __byte_perm(first, second, half ? 0x7632u : 0x5410u);
     }
   };
   constexpr int kLaneOf[4] = {0, kKeys ? 1 : 4, kKeys ? 4 : 8, kKeys ? 5 : 12};
   uint32_t got[4];  // got[d]: block slot ^ d's bits, from the lane d slots away
-  got[0] = bits_for(slot);
+  got[0] = bits_for(0);
 #pragma unroll
   for (int d = 1; d < 4; ++d) {
-    got[d] = __shfl_xor_sync(0xffffffffu, bits_for(slot ^ d), kLaneOf[d]);
+    got[d] = __shfl_xor_sync(0xffffffffu, bits_for(d), kLaneOf[d]);
   }
   uint32_t kept = 0;
 #pragma unroll
@@ -461,6 +464,14 @@ __device__ __forceinline__ uint32_t dropout_keep_bits(const AttentionProblem& p,
     kept |= (dropout::kept(bits >> 16, keep_threshold) ? 1u : 0u) << (2 * block + 1);
   }
   return kept;
+}
+// The same, the counter computed from any element (row, key) of the lane's block.
+template <DropoutPair kPair>
+__device__ __forceinline__ uint32_t dropout_keep_bits(const AttentionProblem& p,
+                                                      uint32_t keep_threshold, int64_t b,
+                                                      int64_t row, int64_t key, int slot) {
+  return dropout_keep_bits_at<kPair>(
+      p, keep_threshold, dropout::block_counter(b, row, key, p.len_q, p.len_kv), slot);
 }
 
 // Bit `index` of dropout's keep bits as Z: keep_scale = 1 / (1 - p) when kept, 0 when dropped.

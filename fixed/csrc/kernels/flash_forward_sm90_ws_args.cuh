@@ -115,12 +115,16 @@ __device__ __forceinline__ void draw_keep_bits(uint32_t (&kept)[2][F::kNTiles / 
                                                uint32_t keep_threshold, int64_t b, int64_t row,
                                                int64_t n0, int g, int t) {
   const int slot = 2 * (g & 1) + (t & 1);  // the lane's place among those sharing Philox blocks
+  // The Philox counter of (row, the first keys): 8 rows further is 4 block rows, 32 keys 8 blocks.
+  const uint64_t counter =
+      dropout::block_counter(b, row, n0 + 8 * slot + 2 * t, p.len_q, p.len_kv);
+  const uint64_t rows8 = 4 * dropout::block_cols(p.len_kv);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int jq = 0; jq < F::kNTiles / 4; ++jq) {
-      kept[h][jq] = dropout_keep_bits<DropoutPair::kAlongKeys>(
-          p, keep_threshold, b, row + 8 * h, n0 + 8 * (4 * jq + slot) + 2 * t, slot);
+      kept[h][jq] = dropout_keep_bits_at<DropoutPair::kAlongKeys>(
+          p, keep_threshold, counter + h * rows8 + 8 * jq, slot);
     }
   }
 }

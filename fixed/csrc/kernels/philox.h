@@ -56,15 +56,25 @@ FIXED_ATTENTION_HOST_DEVICE Words philox(uint32_t c0, uint32_t c1, uint32_t k0, 
 // so that one call serves eight elements (flash_common.cuh, dropout_keep_bits). Two 16-bit
 // uniforms per word, not one 24-bit one: half the Philox rounds per element (perf/NOTES.md,
 // v19). The key is the seed's two 32-bit halves.
-FIXED_ATTENTION_HOST_DEVICE Words block_words(uint64_t seed, int64_t b, int64_t i, int64_t j,
-                                              int64_t len_q, int64_t len_kv) {
+// The counter of the block holding (i, j), and its words. Blocks (2 r, 4 c) further count
+// r block_cols(len_kv) + c further, which lets a kernel step one counter from block to block.
+FIXED_ATTENTION_HOST_DEVICE uint64_t block_cols(int64_t len_kv) {
+  return (static_cast<uint64_t>(len_kv) + 3) / 4;
+}
+FIXED_ATTENTION_HOST_DEVICE uint64_t block_counter(int64_t b, int64_t i, int64_t j, int64_t len_q,
+                                                   int64_t len_kv) {
   const uint64_t block_rows = (static_cast<uint64_t>(len_q) + 1) / 2;
-  const uint64_t block_cols = (static_cast<uint64_t>(len_kv) + 3) / 4;
-  const uint64_t counter =
-      (static_cast<uint64_t>(b) * block_rows + static_cast<uint64_t>(i) / 2) * block_cols +
-      static_cast<uint64_t>(j) / 4;
+  return (static_cast<uint64_t>(b) * block_rows + static_cast<uint64_t>(i) / 2) *
+             block_cols(len_kv) +
+         static_cast<uint64_t>(j) / 4;
+}
+FIXED_ATTENTION_HOST_DEVICE Words counter_words(uint64_t seed, uint64_t counter) {
   return philox(static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
                 static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+FIXED_ATTENTION_HOST_DEVICE Words block_words(uint64_t seed, int64_t b, int64_t i, int64_t j,
+                                              int64_t len_q, int64_t len_kv) {
+  return counter_words(seed, block_counter(b, i, j, len_q, len_kv));
 }
 
 // Half `high` of a word: a 16-bit uniform u, u / 2^16 in [0, 1).
