@@ -178,11 +178,6 @@ __device__ __forceinline__ void wgmma_grad(float (&d)[kHeadDim / 2], const uint3
   }
 }
 
-// Two floats to shared memory (8-byte aligned).
-__device__ __forceinline__ void st_shared_f32x2(uint32_t address, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(a), "f"(b) : "memory");
-}
-
 // The wgmma body: every work item of the grid-stride loop (sm_90a images only). kArgs: the
 // instantiation that reads the mask and draws dropout, as flash_backward_cta's; kAsIs: E and Ev
 // from the problem, else D.

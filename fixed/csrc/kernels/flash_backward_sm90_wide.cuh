@@ -28,7 +28,8 @@
 // Q, dO, lse and delta are double-buffered: block m0 + 1's copies are issued after the barrier
 // of step 4, into the region whose stage the reduction issued at the top has read by then (the
 // issuing thread waits for that read before the barrier).
-// Causal, tails, masks, dropout, GQA, E and Ev as they are (kAsIs): as flash_backward_sm90_cta.cuh.
+// Causal, tails, masks, dropout, GQA, E and Ev as they are (kAsIs): as flash_backward_sm90_cta.cuh
+// (hidden blocks are skipped with dropout too).
 // The mask's entries are read from global memory into registers while S^T runs (a mask at these
 // head dims is rare; the CTA has no room for a mask tile).
 //
@@ -47,7 +48,7 @@
 #include <cstdint>
 
 #include "attention_problem.cuh"   // AttentionProblem, ceil_div, value_dim
-#include "flash_backward_rows.cuh"  // swizzled_dq_chunk, load_row_stats, st_shared_b32
+#include "flash_backward_rows.cuh"  // swizzled_dq_chunk, load_row_stats, st_shared_*
 #include "flash_common.cuh"         // cp.async, exp2, pack2, masks, dropout
 #include "flash_forward_sm90.cuh"   // sw128_offset, load_tile_sw128
 #include "wgmma.cuh"                // wgmma.mma_async and descriptors
@@ -75,11 +76,6 @@ struct BackwardTileWide {
   static_assert(kDqBytes == 2 * kTileBytes, "the stage fills one region of Q and dO");
   static_assert(kSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
 };
-
-// Two floats to shared memory (8-byte aligned).
-__device__ __forceinline__ void st_shared_f32x2_wide(uint32_t address, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(a), "f"(b) : "memory");
-}
 
 // The wide body: every work item of the grid-stride loop (sm_90a images only). kArgs, kAsIs: as
 // wgmma_backward_cta's.
@@ -340,7 +336,7 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int row = 16 * (warp & 3) + g + 8 * h;
-            st_shared_f32x2_wide(q_buf + static_cast<uint32_t>(row * D + 8 * chunk + 2 * t) * 4,
+            st_shared_f32x2(q_buf + static_cast<uint32_t>(row * D + 8 * chunk + 2 * t) * 4,
                                  dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
           }
         }
