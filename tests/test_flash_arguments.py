@@ -248,3 +248,63 @@ def test_masks_and_dropout_run_on_the_tensor_cores(fixed, seed, case, dtype):
         error = relative_error(got[0], formula64(q, k, v, mask))
         with check:
             assert error <= TOLERANCE[dtype], f"out vs the float64 formula {error:.2e}: {where}"
+
+
+# The backward reads a bool mask, or one in the inputs' dtype, in that dtype (attention_cuda.cu's
+# kernel_mask; half the bytes of float32): a bool one, or one whose rows are not 16-byte runs
+# (S not a multiple of 8), copied with its rows padded; an aligned one read in place. (kind, S,
+# E): the wgmma backward at both tilings and the wide one.
+NARROW_CASES = [
+    ("bool", 203, 64),
+    ("own dtype", 203, 64),
+    ("own dtype", 200, 128),
+    ("bool", 197, 128),
+    ("own dtype", 203, 256),
+]
+NARROW_PARAMS = [(case, dtype) for dtype in DTYPES for case in NARROW_CASES]
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype"),
+    NARROW_PARAMS,
+    ids=[f"{dtype_id(d)}-{c[0]}-s{c[1]}-e{c[2]}" for c, d in NARROW_PARAMS],
+)
+def test_backward_reads_the_mask_in_the_inputs_dtype(fixed, seed, case, dtype):
+    kind, keys, head_dim = case
+    generator = torch.Generator().manual_seed(seed)
+    q = randn((B, H, L, head_dim), torch.float32, generator, "cpu")
+    k = randn((B, H, keys, head_dim), torch.float32, generator, "cpu")
+    v = randn((B, H, keys, head_dim), torch.float32, generator, "cpu")
+    grad = randn((B, H, L, head_dim), torch.float32, generator, "cpu")
+    q, k, v, grad = (t.to(dtype).to(torch.float32) for t in (q, k, v, grad))
+    if kind == "bool":
+        mask = torch.rand((L, keys), generator=generator) > 0.3
+        mask[3] = False  # a row that sees no key
+    else:
+        mask = torch.randn((1, 1, L, keys), generator=generator).to(dtype)
+        mask[..., 5, ::3] = -math.inf
+    mask = mask.cuda()
+    where = f"{dtype_id(dtype)} {kind} S={keys} E={head_dim}; {replay(seed)}"
+    ops = torch.ops.fixed_attention
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        got = run(ops, "cuda", dtype, q, k, v, grad, mask, 0.0, None, False)
+        torch.cuda.synchronize()
+    names = [e.name for e in profile.events() if "mask_tiles_kernel" in e.name]
+    entry = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}[dtype]
+    made = f"mask_tiles_kernel<{'bool' if kind == 'bool' else entry}, {entry}>"
+    with check:  # the backward's pass over the mask writes (or, in place, maps) the 16-bit form
+        assert not names or any(made in name for name in names), f"{made}: {names}; {where}"
+
+    reference = run(ops, "cpu", torch.float64, q, k, v, grad, mask, 0.0, None, False)
+    for name, result, expected_value in zip(
+        ("out", "lse", "dq", "dk", "dv"), got, reference, strict=True
+    ):
+        if name == "lse":
+            error = lse_error(result, expected_value)
+            with check:
+                assert error <= LSE_TOLERANCE, f"lse error {error:.2e}: {where}"
+            continue
+        error = relative_error(result, expected_value)
+        with check:
+            assert error <= TOLERANCE[dtype], f"{name} relative error {error:.2e}: {where}"

@@ -473,9 +473,10 @@ def test_hopper_backward_reads_other_head_dims_as_they_are(fixed, seed):
 
 def test_hopper_images_hold_the_wgmma_backward(fixed):
     """As test_flash_forward.py's test of the forward: a build with code for compute capability
-    9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all 24
-    instances (two dtypes by two tile head dims by three sets of SDPA arguments, each with
-    E = Ev = D and with head dims read as they are), and the wide kernel in all 12 of its own."""
+    9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all 40
+    instances (two dtypes by two tile head dims by five sets of SDPA arguments: none, and a mask
+    alone or with dropout, its entries float32 or in the inputs' dtype; each with E = Ev = D and
+    with head dims read as they are), and the wide kernel in all 12 of its own."""
     from fixed import _build
 
     cuobjdump = find_cuda_tool("cuobjdump")
@@ -494,7 +495,7 @@ def test_hopper_images_hold_the_wgmma_backward(fixed):
         text=True,
         check=True,
     ).stdout
-    for kernel, instances in ((SM90_BACKWARD_KERNEL, 24), (SM90_WIDE_BACKWARD_KERNEL, 12)):
+    for kernel, instances in ((SM90_BACKWARD_KERNEL, 40), (SM90_WIDE_BACKWARD_KERNEL, 12)):
         functions = [part for part in sass.split("Function : ")[1:] if kernel in part[:300]]
         assert len(functions) == instances, f"expected {kernel} x {instances}: {len(functions)}"
         for function in functions:
@@ -563,6 +564,17 @@ SANITIZER_SCRIPT = textwrap.dedent(
     )
     mask = (torch.arange(203) < torch.tensor([203, 150]).view(2, 1, 1, 1)).cuda()
     fixed.fast_attention(q, k, v, attn_mask=mask.float()).sum().backward()
+    # Masks in the inputs' dtype, read as 16-bit entries: at head dim 64 rows of 203 keys (copied
+    # with rows padded to 16 bytes), at 128 an aligned one read in place, with dropout.
+    for head_dim, keys, dropout_p in ((64, 203, 0.0), (128, 200, 0.1)):
+        q, k, v = (
+            torch.randn(2, 4, n, head_dim, generator=generator)
+            .to("cuda", torch.bfloat16)
+            .requires_grad_()
+            for n in (150, keys, keys)
+        )
+        mask = torch.randn(2, 1, 150, keys, generator=generator).to("cuda", torch.bfloat16)
+        fixed.fast_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p).sum().backward()
     # Head dims the wgmma backward reads as they are (E = 72, Ev = 120 on the 128 tile): loads
     # zero-fill the columns past them, stores write E and Ev columns.
     q, k, v = (

@@ -90,7 +90,8 @@ struct HiddenTiles {
   at::Tensor tiles;  // uint8 (outer or 1, heads or 1, row tiles or 1, key tiles or 1), 1 / 2
 };
 
-// The mask as the kernels take it: additive_mask's (batch / heads, heads, L, S) float32 view,
+// The mask as the kernels take it: additive_mask's (batch / heads, heads, L, S) view, float32
+// or (the backward's, AttentionProblem::mask_in_input_dtype) in the inputs' half or bfloat16,
 // and its HiddenTiles where a tensor-core kernel may use them; none of either without a mask.
 struct KernelMask {
   std::optional<at::Tensor> additive;
@@ -102,8 +103,14 @@ struct KernelMask {
 // attention kernels, by one launch on `stream` that also makes a bool, float16, bfloat16 or
 // float64 mask additive float32 (a float32 one is read as it is). Otherwise additive_mask
 // converts it with torch's ops and there is no map.
+// For the backward (`backward`), a bool mask or one in the inputs' dtype stays 16-bit: 0 / -inf
+// and such entries are exact in it, and the backward, which reads the whole mask on every key
+// block, moves half the bytes. The keys must not be broadcast, and the wgmma backward copies
+// rows in 16-byte runs: a mask of that dtype whose rows are not 16-byte aligned is copied with
+// its rows padded, as a bool one always is (kernels: mask_in_octets).
 KernelMask kernel_mask(const std::optional<at::Tensor>& attn_mask, const at::Tensor& query,
-                       const AttentionShape& shape, bool causal, cudaStream_t stream) {
+                       const AttentionShape& shape, bool causal, bool backward,
+                       cudaStream_t stream) {
   if (!attn_mask.has_value()) {
     return {};
   }
@@ -126,6 +133,16 @@ KernelMask kernel_mask(const std::optional<at::Tensor>& attn_mask, const at::Ten
     return {additive_mask(attn_mask, query, shape, causal, at::kFloat), std::nullopt};
   }
   const int64_t rows = own.size(2), keys = own.size(3);
+  const bool narrow =
+      backward && (dtype == at::kBool || dtype == query.scalar_type()) && keys == shape.len_kv;
+  const at::ScalarType kernel_dtype = narrow ? query.scalar_type() : at::kFloat;
+  const auto octets = [](const at::Tensor& mask) {  // kernels::flash::mask_in_octets
+    const auto address = reinterpret_cast<std::uintptr_t>(mask.const_data_ptr());
+    return mask.stride(3) == 1 && mask.stride(0) % 8 == 0 && mask.stride(1) % 8 == 0 &&
+           mask.stride(2) % 8 == 0 && address % 16 == 0;
+  };
+  const bool in_place = dtype == kernel_dtype && (!narrow || octets(view));
+  const int64_t converted_row = narrow ? kernels::ceil_div(keys, 8) * 8 : keys;
   const int tile_rows = rows == 1 ? 1 : kTile, tile_keys = keys == 1 ? 1 : kTile;
   const int64_t row_tiles = kernels::ceil_div(rows, tile_rows);
   const int64_t key_tiles = kernels::ceil_div(keys, tile_keys);
@@ -135,30 +152,46 @@ KernelMask kernel_mask(const std::optional<at::Tensor>& attn_mask, const at::Ten
   const kernels::flash::MaskTiles geometry{own.stride(0), own.stride(1), own.stride(2),
                                            own.stride(3), own.size(1),   rows,
                                            keys,          tile_rows,     tile_keys,
-                                           row_tiles,     key_tiles,     hidden.tiles.numel()};
-  // float32 entries contiguous in the own sizes, unless the mask is float32 already.
-  const std::optional<at::Tensor> converted =
-      dtype == at::kFloat ? std::nullopt
-                          : std::optional<at::Tensor>(
-                                at::empty(own.sizes(), view.options().dtype(at::kFloat)));
-  const auto launch = [&](const auto* entries) {
-    kernels::flash::launch_mask_tiles(
-        entries, geometry, converted ? converted->mutable_data_ptr<float>() : nullptr,
-        hidden.tiles.mutable_data_ptr<uint8_t>(), hidden.any.mutable_data_ptr<int>(), stream);
+                                           row_tiles,     key_tiles,     hidden.tiles.numel(),
+                                           converted_row};
+  // The entries in kernel_dtype, in the own sizes (rows converted_row apart), unless the mask
+  // can be read as it is.
+  std::optional<at::Tensor> converted;
+  if (!in_place) {
+    converted = at::empty({own.size(0), own.size(1), rows, converted_row},
+                          view.options().dtype(kernel_dtype))
+                    .narrow(3, 0, keys);
+  }
+  const auto launch = [&](const auto* entries, auto* target) {
+    kernels::flash::launch_mask_tiles(entries, geometry, target,
+                                      hidden.tiles.mutable_data_ptr<uint8_t>(),
+                                      hidden.any.mutable_data_ptr<int>(), stream);
   };
   const void* const entries = own.const_data_ptr();
-  switch (dtype) {
-    case at::kBool: launch(static_cast<const bool*>(entries)); break;
-    case at::kHalf: launch(static_cast<const __half*>(entries)); break;
-    case at::kBFloat16: launch(static_cast<const __nv_bfloat16*>(entries)); break;
-    case at::kDouble: launch(static_cast<const double*>(entries)); break;
-    default: launch(static_cast<const float*>(entries)); break;
+  void* const target = converted ? converted->mutable_data_ptr() : nullptr;
+  if (kernel_dtype == at::kHalf) {  // from bool or half
+    auto* const half_target = static_cast<__half*>(target);
+    dtype == at::kBool ? launch(static_cast<const bool*>(entries), half_target)
+                       : launch(static_cast<const __half*>(entries), half_target);
+  } else if (kernel_dtype == at::kBFloat16) {  // from bool or bfloat16
+    auto* const bf16_target = static_cast<__nv_bfloat16*>(target);
+    dtype == at::kBool ? launch(static_cast<const bool*>(entries), bf16_target)
+                       : launch(static_cast<const __nv_bfloat16*>(entries), bf16_target);
+  } else {
+    auto* const float_target = static_cast<float*>(target);
+    switch (dtype) {
+      case at::kBool: launch(static_cast<const bool*>(entries), float_target); break;
+      case at::kHalf: launch(static_cast<const __half*>(entries), float_target); break;
+      case at::kBFloat16: launch(static_cast<const __nv_bfloat16*>(entries), float_target); break;
+      case at::kDouble: launch(static_cast<const double*>(entries), float_target); break;
+      default: launch(static_cast<const float*>(entries), float_target); break;
+    }
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {converted ? converted->expand(view.sizes()) : view, hidden};
 }
 
-// mask: additive_mask's (batch / heads, heads, L, S) float32 view, or none; hidden: its
+// mask: kernel_mask's (batch / heads, heads, L, S) view, or none; hidden: its
 // HiddenTiles, or none. The caller keeps both alive until the kernels have been launched
 // (they read them on the stream, in order).
 kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale, bool causal,
@@ -171,7 +204,9 @@ kernels::AttentionProblem make_problem(const AttentionShape& shape, double scale
   problem.heads = shape.heads;
   problem.kv_group = shape.kv_group;
   if (mask.has_value()) {
-    problem.mask = mask->const_data_ptr<float>();
+    // float32, or the inputs' dtype (kernel_mask makes no other).
+    problem.mask = mask->const_data_ptr();
+    problem.mask_in_input_dtype = mask->scalar_type() != at::kFloat;
     problem.mask_stride_outer = mask->stride(0);
     problem.mask_stride_head = mask->stride(1);
     problem.mask_stride_row = mask->stride(2);
@@ -256,7 +291,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   check_dropout_not_captured(dropout_p);
   // attn_mask is checked here, after the guard, because making it additive float32 may allocate
   // on its device (a bool mask becomes a new tensor). Kept alive until after the launch.
-  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, stream);
+  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, false, stream);
 
   // On the device, from the caching allocator (no host round trip, no sync); sizes only, so
   // both outputs are contiguous whatever the inputs' strides.
@@ -281,6 +316,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   const at::Tensor v = value.contiguous();  // (B / kv_group, S, Ev)
   const kernels::AttentionProblem problem =
       make_problem(shape, scale, causal, mask.additive, mask.hidden, dropout_p, seed);
+  TORCH_INTERNAL_ASSERT(!problem.mask_in_input_dtype);  // the forward kernels read float32
   // Head dims the tensor-core kernels compute at a padded width: Hopper's takes them as they are
   // (multiples of 8); elsewhere (or where it declines) the problem is padded below, never given
   // to the generic one.
@@ -336,7 +372,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const c10::cuda::CUDAGuard device_guard(query.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   check_dropout_not_captured(dropout_p);
-  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, stream);
+  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, true, stream);
 
   if (shape.batch == 0 || shape.len_q == 0 || shape.len_kv == 0) {
     // The output does not depend on any element: every gradient is zero. No kernel of ours.

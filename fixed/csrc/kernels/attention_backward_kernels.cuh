@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       const scalar_t* do_b = dout + b * L * Ev;
       const float* lse_b = lse + b * L;
       const float* delta_b = delta + b * L;
-      const float* mask_b = mask_slice<kPlain>(p, b);
+      const void* mask_b = mask_slice<kPlain>(p, b);
       for (int64_t row_tile = rows_begin; row_tile < L; row_tile += kTile) {
         __syncthreads();  // every warp is done with the previous tiles
         load_tile<kHeadDim, T::kPadded>(q_tile, q_b, row_tile, L, E);
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         for (int r = 0; r < kRows; ++r) {
           const int64_t key = key0 + r;
           const float prob =
-              probability(attention_score(p, mask_b, s[r], row, key), row_lse);
+              probability(attention_score<scalar_t>(p, mask_b, s[r], row, key), row_lse);
           const float z = dropped<kPlain>(p, b, row, key) ? 0.f : keep_scale;
           s[r] = prob * z;
           dp[r] = prob * (z * dp[r] - row_delta);
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     const int64_t row0 = block_row0 + warp * kRows;
     const scalar_t* k_b = k + kv_item<kPlain>(p, b) * S * E;
     const scalar_t* v_b = v + kv_item<kPlain>(p, b) * S * Ev;
-    const float* mask_b = mask_slice<kPlain>(p, b);
+    const void* mask_b = mask_slice<kPlain>(p, b);
 
     float q_reg[kRows][kCols];
     float do_reg[kRows][kCols];
@@ -268,7 +268,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int64_t row = row0 + r;
-        const float prob = probability(attention_score(p, mask_b, s[r], row, key), row_lse[r]);
+        const float score = attention_score<scalar_t>(p, mask_b, s[r], row, key);
+        const float prob = probability(score, row_lse[r]);
         const float z = dropped<kPlain>(p, b, row, key) ? 0.f : keep_scale;
         dp[r] = prob * (z * dp[r] - row_delta[r]);
       }

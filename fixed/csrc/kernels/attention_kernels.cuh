@@ -174,25 +174,22 @@ __device__ __forceinline__ int64_t kv_item(const AttentionProblem& p, int64_t b)
   return kPlain ? b : b / p.kv_group;
 }
 
-// Batch item b's (L, S) slice of the additive mask; null without a mask.
+// Batch item b's (L, S) slice of the additive mask (either form); null without a mask.
 template <bool kPlain>
-__device__ __forceinline__ const float* mask_slice(const AttentionProblem& p, int64_t b) {
-  if (kPlain || p.mask == nullptr) {
-    return nullptr;
-  }
-  return p.mask + (b / p.heads) * p.mask_stride_outer + (b % p.heads) * p.mask_stride_head;
+__device__ __forceinline__ const void* mask_slice(const AttentionProblem& p, int64_t b) {
+  return kPlain ? nullptr : mask_slice_of(p, b);
 }
 
 // s_ij from q_i.k_j: scaled, plus the mask's entry; -inf for a key the row does not see, and
 // for rows and keys past the end (whose mask entries are never read).
-__device__ __forceinline__ float attention_score(const AttentionProblem& p, const float* mask_b,
+template <typename scalar_t>
+__device__ __forceinline__ float attention_score(const AttentionProblem& p, const void* mask_b,
                                                  float dot, int64_t row, int64_t key) {
   if (row >= p.len_q || key >= p.len_kv || (p.causal && key > row)) {
     return -INFINITY;
   }
   const float scaled = dot * p.scale;
-  return mask_b == nullptr ? scaled
-                           : scaled + mask_b[row * p.mask_stride_row + key * p.mask_stride_col];
+  return mask_b == nullptr ? scaled : scaled + mask_value<scalar_t>(p, mask_b, row, key);
 }
 
 // P_ij recomputed from the forward's lse. A row that saw no key has lse -inf and every score
@@ -237,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     const scalar_t* q_b = q + b * L * E;
     const scalar_t* k_b = k + kv_item<kPlain>(p, b) * S * E;
     const scalar_t* v_b = v + kv_item<kPlain>(p, b) * S * Ev;
-    const float* mask_b = mask_slice<kPlain>(p, b);
+    const void* mask_b = mask_slice<kPlain>(p, b);
 
     float q_reg[kRows][kCols];
     float o_acc[kRows][kCols];
@@ -285,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int64_t row = row0 + r;
-        const float score = attention_score(p, mask_b, s[r], row, key);
+        const float score = attention_score<scalar_t>(p, mask_b, s[r], row, key);
         const float new_max = fmaxf(row_max[r], warp_max(score));
         // Nothing visible yet: subtract 0, so that exp(-inf - 0) = 0 instead of NaN.
         const float shift = new_max == -INFINITY ? 0.f : new_max;

@@ -33,14 +33,20 @@ struct AttentionProblem {
   int64_t head_dim;  // E (query, key), 1..256
   float scale;
   bool causal;
+  // The mask's entries (`mask` below): float32, or (true) the inputs' own half or bfloat16, half
+  // the bytes for the kernels to move. The glue gives the 16-bit form to the backward pass only,
+  // with keys contiguous and every row 16-byte aligned (whole 16-byte copies in the wgmma
+  // backward); the forward kernels read float32 (mask_rows, flash_common.cuh). Here, in the
+  // padding after `causal`, so that no other field moves.
+  bool mask_in_input_dtype = false;
   int64_t head_dim_v = 0;  // Ev (value, output), 1..256; 0 means head_dim
   int64_t heads = 1;       // Hq: query's dim -3 (1 when query is 2-D)
   int64_t kv_group = 1;    // Hq / Hkv under GQA, else 1. Batch item b reads K/V item
                            //   (b / heads) * (heads / kv_group) + (b % heads) / kv_group
-  const float* mask = nullptr;  // additive float32 mask (bool already turned into 0 / -inf) or
-                                // null; element (b, i, j) at mask[(b / heads) * mask_stride_outer
-                                // + (b % heads) * mask_stride_head + i * mask_stride_row
-                                // + j * mask_stride_col] (strides may be 0: broadcast)
+  const void* mask = nullptr;  // additive mask (bool already turned into 0 / -inf) or null;
+                               // element (b, i, j) at mask[(b / heads) * mask_stride_outer
+                               // + (b % heads) * mask_stride_head + i * mask_stride_row
+                               // + j * mask_stride_col] (strides may be 0: broadcast)
   int64_t mask_stride_outer = 0, mask_stride_head = 0, mask_stride_row = 0, mask_stride_col = 0;
   // Optional, for the tensor-core kernels only: which kHiddenTile x kHiddenTile tiles (rows x
   // keys) the mask hides entirely (1: every entry -inf) and which it leaves as they are (2:
@@ -58,6 +64,11 @@ struct AttentionProblem {
 // Ev: head_dim_v, or E where it is 0.
 __host__ __device__ __forceinline__ int64_t value_dim(const AttentionProblem& p) {
   return p.head_dim_v == 0 ? p.head_dim : p.head_dim_v;
+}
+
+// The mask's entries in bytes: 2 in the inputs' dtype, else 4 (float32).
+__host__ __device__ __forceinline__ int64_t mask_entry_bytes(const AttentionProblem& p) {
+  return p.mask_in_input_dtype ? 2 : 4;
 }
 
 // A kept probability's factor 1 / (1 - p); 0 when p == 1, where nothing is kept (not inf: a
@@ -87,6 +98,37 @@ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Batch item b's (L, S) slice of the mask (strides may be 0) as entries of type Entry (float,
+// or uint16_t for the bits of a 16-bit one), for a kernel that knows the form; null without one.
+template <typename Entry>
+__device__ __forceinline__ const Entry* mask_slice_of(const AttentionProblem& p, int64_t b) {
+  return p.mask == nullptr ? nullptr
+                           : static_cast<const Entry*>(p.mask) +
+                                 (b / p.heads) * p.mask_stride_outer +
+                                 (b % p.heads) * p.mask_stride_head;
+}
+// The same in the problem's form (mask_value reads it).
+__device__ __forceinline__ const void* mask_slice_of(const AttentionProblem& p, int64_t b) {
+  if (p.mask_in_input_dtype) {
+    return mask_slice_of<uint16_t>(p, b);
+  }
+  return mask_slice_of<float>(p, b);
+}
+
+// The entry (row, key) of a slice as float, through the read-only cache (a broadcast mask is
+// read by many CTAs). T: the kernel's input dtype; only a 16-bit one can be the mask's.
+template <typename T>
+__device__ __forceinline__ float mask_value(const AttentionProblem& p, const void* slice,
+                                            int64_t row, int64_t key) {
+  const int64_t at = row * p.mask_stride_row + key * p.mask_stride_col;
+  if constexpr (sizeof(T) == 2) {
+    if (p.mask_in_input_dtype) {
+      return to_float(__ldg(static_cast<const T*>(slice) + at));
+    }
+  }
+  return __ldg(static_cast<const float*>(slice) + at);
+}
 
 inline constexpr std::size_t kDefaultSharedMemory = 48 * 1024;
 

@@ -174,7 +174,7 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
     const int out_chunk0 = static_cast<int>(item % F::kDimParts) * kOutChunks;
     const int64_t b = longest_first ? block_item % p.batch : block_item / key_blocks;
     const int64_t n0 = (longest_first ? block_item / p.batch : block_item % key_blocks) * BN;
-    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
+    const void* const mask_b = has_mask ? mask_slice_of(p, b) : nullptr;
     const int64_t kv_b = b * S * D;  // where dK and dV go: per batch item, also under GQA
     const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
@@ -307,7 +307,7 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
             const int64_t key = n0 + key_row0 + g + 8 * (e >> 1);
             float exponent = -row_lse;
             if (has_mask && query < L && key < S) {
-              exponent = fmaf(mask_entry(p, mask_b, query, key), kLog2e, exponent);
+              exponent = fmaf(mask_value<T>(p, mask_b, query, key), kLog2e, exponent);
             }
             float prob = exp2_approx(fmaf(s[j][e], scale_log2, exponent));
             if (diagonal && diag + 8 * qt + 2 * t + (e & 1) < g + 8 * (e >> 1)) {

@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(F::kThreads, 2)
     const int64_t b = longest_first ? pair % p.batch : pair / key_blocks;
     const int64_t n0 = (longest_first ? pair / p.batch : pair % key_blocks) * F::kBlockN;
     const int64_t kv_b = (b / p.kv_group) * S * D;
-    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
+    const void* const mask_b = has_mask ? mask_slice_of<float>(p, b) : nullptr;
     const int64_t first_block = p.causal ? n0 / F::kBlockM : 0;
     const int64_t n_blocks = ceil_div(L, F::kBlockM) - first_block;
 
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(F::kThreads, 2)
           const int key = key0 + g + 8 * (e >> 1);
           float exponent = -lse_block[query];
           if (has_mask && m0 + query < L && n0 + key < S) {
-            exponent = fmaf(mask_entry(p, mask_b, m0 + query, n0 + key), kLog2e, exponent);
+            exponent = fmaf(mask_value<float>(p, mask_b, m0 + query, n0 + key), kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(st[j][e], scale_log2, exponent));
           if (diagonal && n0 + key > m0 + query) {

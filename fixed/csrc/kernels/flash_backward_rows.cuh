@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_problem.cuh"  // ceil_div, to_float
 #include "flash_common.cuh"       // cp.async, pack2
@@ -107,6 +108,97 @@ __device__ __forceinline__ void st_shared_b32(uint32_t address, uint32_t bits) {
 // Two floats (8-byte aligned): the wgmma backwards' dQ stage.
 __device__ __forceinline__ void st_shared_f32x2(uint32_t address, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(a), "f"(b) : "memory");
+}
+
+// ------------------------------------------------------------------ the wgmma backward's mask
+
+// Whether a float32 mask's rows can be copied in aligned runs of four (16-byte copies): keys
+// contiguous, every row start 16-byte aligned (uniform over the grid).
+__device__ __forceinline__ bool mask_in_quads(const AttentionProblem& p) {
+  return p.mask_stride_col == 1 &&
+         ((p.mask_stride_row | p.mask_stride_head | p.mask_stride_outer) & 3) == 0 &&
+         (reinterpret_cast<std::uintptr_t>(p.mask) & 15) == 0;
+}
+// The same for a mask in the inputs' dtype, in runs of eight: what the glue promises for that
+// form (AttentionProblem::mask_in_input_dtype), checked by the launcher.
+__host__ __device__ __forceinline__ bool mask_in_octets(const AttentionProblem& p) {
+  return p.mask_stride_col == 1 &&
+         ((p.mask_stride_row | p.mask_stride_head | p.mask_stride_outer) & 7) == 0 &&
+         (reinterpret_cast<std::uintptr_t>(p.mask) & 15) == 0;
+}
+
+// The mask tile in shared memory: row r (query m0 + r) holds the entries of keys n0 .. n0 + 127
+// (512 bytes of float32, or 256 of the inputs' 16-bit dtype: kNarrow), 16-byte chunk c at
+// c ^ (r & 7). A warp's load of one element of its S^T fragments (keys 16 w + g, queries 2 t,
+// + 8 j) then meets 8 chunks of 4 rows on all 32 banks (float32), or 4 chunks on 16 banks, two
+// lanes to a word (16-bit). Each warp copies and reads only its own 16 keys' part, so it
+// refills that part for the next block as soon as it has used it, with no barrier.
+template <bool kNarrow>
+__device__ __forceinline__ uint32_t mask_slot(int row, int column) {
+  constexpr int kShift = kNarrow ? 3 : 2, kBytes = kNarrow ? 2 : 4;  // 2^kShift entries a chunk
+  return static_cast<uint32_t>(row * 128 * kBytes + (((column >> kShift) ^ (row & 7)) << 4) +
+                               (column & ((1 << kShift) - 1)) * kBytes);
+}
+
+// Element e of n-tile j of a thread's S^T fragments (query 8 j + 2 t + (e & 1), key
+// column0 + g + 8 (e >> 1) of the tile) as float; T: the inputs' dtype.
+template <typename T, bool kNarrow>
+__device__ __forceinline__ float mask_fragment_entry(uint32_t tile, int column0, int g, int t,
+                                                     int j, int e) {
+  const int row = 8 * j + 2 * t + (e & 1), column = column0 + g + 8 * (e >> 1);
+  const uint32_t at = tile + mask_slot<kNarrow>(row, column);
+  if constexpr (kNarrow) {
+    unsigned short bits;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bits) : "r"(at));
+    if constexpr (std::is_same_v<T, __half>) {
+      return __half2float(__ushort_as_half(bits));
+    } else {
+      return __bfloat162float(__ushort_as_bfloat16(bits));
+    }
+  } else {
+    return ld_shared_f32(at);
+  }
+}
+
+// Copies the mask's entries of queries m0 .. m0 + kRows - 1 and the warp's keys n0 + column0 ..
+// + 15 into the tile by cp.async, 0 past L or S. Float32: 16-byte copies where quads (uniform,
+// mask_in_quads), otherwise one per entry through the strides; each lane 8-row passes of 4
+// chunks. The inputs' dtype (kNarrow; mask_in_octets holds): 16-byte copies, each lane 16-row
+// passes of 2 chunks.
+template <int kRows, bool kNarrow>
+__device__ __forceinline__ void load_mask_part(uint32_t tile, const AttentionProblem& p,
+                                               const void* mask_b, int64_t m0, int64_t n0,
+                                               int column0, bool quads, int lane) {
+  constexpr int kPerChunk = kNarrow ? 8 : 4;  // entries per 16-byte chunk
+  constexpr int kLanesPerRow = kNarrow ? 2 : 4, kRowShift = kNarrow ? 1 : 2;
+  const int column = column0 + kPerChunk * (lane & (kLanesPerRow - 1));
+  const int64_t key = n0 + column;
+#pragma unroll
+  for (int pass = 0; pass < kRows * kLanesPerRow / 32; ++pass) {
+    const int row = (32 / kLanesPerRow) * pass + (lane >> kRowShift);
+    const int64_t query = m0 + row;
+    const int64_t left = query < p.len_q ? p.len_kv - key : 0;
+    const int keys = left <= 0 ? 0 : left >= kPerChunk ? kPerChunk : static_cast<int>(left);
+    const uint32_t to = tile + mask_slot<kNarrow>(row, column);
+    if constexpr (kNarrow) {
+      const uint16_t* const entries = static_cast<const uint16_t*>(mask_b);
+      cp_async_16_zfill(to, keys > 0 ? entries + query * p.mask_stride_row + key : entries,
+                        2 * keys);
+    } else {
+      const float* const entries = static_cast<const float*>(mask_b);
+      const float* const from =
+          keys > 0 ? entries + query * p.mask_stride_row + key * p.mask_stride_col : entries;
+      if (quads) {
+        cp_async_16_zfill(to, from, 4 * keys);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          cp_async_4_zfill(to + 4 * e, e < keys ? from + e * p.mask_stride_col : entries,
+                           e < keys ? 4 : 0);
+        }
+      }
+    }
+  }
 }
 
 // The swizzled dQ accumulator (flash_backward_sm90.cuh): row r's 8-float (32-byte) chunk c is

@@ -48,7 +48,7 @@ namespace sm90 {
 
 // kAsIs: E and Ev read from the problem (at most D, multiples of 8), else D at compile time (the
 // code E = Ev = D had before kAsIs existed: reading them at run time made it 5-9% slower).
-template <typename T, class F, int kArgs, bool kAsIs>
+template <typename T, class F, int kArgs, bool kAsIs, bool kNarrowMask>
 __global__ void __launch_bounds__(F::kThreads, 1)
     flash_backward_sm90_kernel(const T* __restrict__ q,             // (B, L, E)
                                const T* __restrict__ k,             // (B, S, E)
@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                                const AttentionProblem p, const int64_t rows_padded,
                                const bool longest_first) {  // causal work order
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  wgmma_backward_cta<T, F, kArgs, kAsIs>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p,
-                                         rows_padded, longest_first);
+  wgmma_backward_cta<T, F, kArgs, kAsIs, kNarrowMask>(q, k, v, dout, lse_log2, delta, dq_accum,
+                                                      dk, dv, p, rows_padded, longest_first);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (kAsIs) {
     // The mma.sync body reads D columns: a marker for the launcher instead (has_sm90a_image:
@@ -112,11 +112,21 @@ template <typename T, class F, bool kAsIs>
 bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
                      const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
                      T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
-  auto* kernel = for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs, kAsIs>,
-                                flash_backward_sm90_kernel<T, F, kMaskOnly, kAsIs>,
-                                flash_backward_sm90_kernel<T, F, kMaskAndDropout, kAsIs>);
+  auto* kernel =
+      p.mask_in_input_dtype
+          ? for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs, kAsIs, false>,
+                           flash_backward_sm90_kernel<T, F, kMaskOnly, kAsIs, true>,
+                           flash_backward_sm90_kernel<T, F, kMaskAndDropout, kAsIs, true>)
+          : for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs, kAsIs, false>,
+                           flash_backward_sm90_kernel<T, F, kMaskOnly, kAsIs, false>,
+                           flash_backward_sm90_kernel<T, F, kMaskAndDropout, kAsIs, false>);
   if (!detail::has_tensor_core_image(kernel) || (kAsIs && !has_sm90a_image(kernel))) {
     return false;
+  }
+  if (p.mask_in_input_dtype && !mask_in_octets(p)) {  // the glue's promise (16-byte copies)
+    throw std::invalid_argument(
+        "fixed_attention kernels: a mask in the inputs' dtype needs contiguous keys and "
+        "16-byte aligned rows");
   }
   const std::size_t smem = p.mask != nullptr ? F::kMaskedSmemBytes : F::kSmemBytes;
   detail::backward<T, typename F::Fallback, true, kAsIs>(kernel, smem, dout, q, k, v, out, lse,

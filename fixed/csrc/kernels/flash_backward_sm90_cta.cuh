@@ -45,10 +45,9 @@
 //      dim 64 (column group) + 8 j + 2 t + (e & 1)), in the layout of the workspace rows
 //      m0 .. m0 + kBlockM - 1, with flash_backward.cuh's swizzled_dq_chunk (a warp's 8 rows on
 //      8 chunks: conflict-free 8-byte stores). After the next barrier one thread adds the whole
-//      stage to those rows with one cp.reduce.async.bulk .add.f32 (the TMA unit; 32 KB), where
-//      the first version issued 16 red.global.add.v2.f32 per thread (14-16% of the warps' stall
-//      samples in ncu, waiting for the memory queue; perf/NOTES.md, v14). The dq kernel reads
-//      the swizzled workspace; in images without wgmma the mma.sync body writes it swizzled too.
+//      stage to those rows with one cp.reduce.async.bulk .add.f32 (the TMA unit; 32 KB; per
+//      thread red.global.add stalled on the memory queue, perf/NOTES.md v14). The dq kernel
+//      reads the swizzled workspace; in images without wgmma the mma.sync body writes it so too.
 // Two barriers per query block, as flash_backward.cuh: the one at the top (the block's Q, dO,
 // lse, delta have landed and are fenced for the async proxy; every warpgroup has waited for its
 // previous wgmmas, so the other buffers and the dS^T tile are free; the previous block's dQ is
@@ -75,13 +74,13 @@
 //   dS^T [128 keys][R]      32 KB (D = 64), 16 KB (D = 128)
 //   lse, delta [R] f32, 2 buffers: 2 KB, 1 KB; + 1 KB to align the base to 1024 bytes.
 //   dQ stage [R][D] f32   32 KB (both)
-//   with a mask, its entries [R][128 keys] f32 (mask_slot): 64 KB (D = 64), 32 KB (D = 128)
+//   with a mask, its entries [R][128 keys] (mask_slot): 64 KB (D = 64), 32 KB (D = 128) in
+//   float32, half that used in the inputs' dtype (kNarrowMask)
 //   D = 64: 163 KB, D = 128: 178 KB (227 and 210 with a mask). One CTA per SM (8 warps).
 // Q, dO, lse and delta are double-buffered with cp.async exactly as in flash_backward.cuh. The
 // mask tile is not: each warp copies its 16 keys' entries of the next block by cp.async as soon
-// as step 3 has read this block's (load_mask_part), and the wait at the top takes them. Before,
-// the entries went to registers (a window of n-tiles per thread, loaded while S^T ran): at
-// D = 64 their latency was exposed (a float mask's backward 3.5x the plain one).
+// as step 3 has read this block's (load_mask_part), and the wait at the top takes them (in
+// registers their latency was exposed at D = 64: perf/NOTES.md, v24).
 // Registers (nvcc 13.0, sm_90a): 254-255, no spill plain (masks, dropout: 20-40 bytes; 250 with
 // kEarlyDv false); one CTA per SM. Per thread: dK, dV 2 x D / 2 f32 accumulators; S^T, dP^T
 // 2 x R / 2; dQ 32; the packed P^T, dS^T 2 x R / 4. Other images run flash_backward.cuh's body
@@ -144,7 +143,8 @@ struct BackwardTile {
   static constexpr std::size_t kSmemBytes = kWgmmaSmemBytes > Fallback::kSmemBytes
                                                 ? kWgmmaSmemBytes
                                                 : Fallback::kSmemBytes;
-  // With a mask: its float32 entries of one block, [kBlockM queries][kBlockN keys] (mask_slot).
+  // With a mask: its entries of one block, [kBlockM queries][kBlockN keys] (mask_slot), room
+  // for float32.
   static constexpr uint32_t kMaskBytes = kBlockM * kBlockN * 4;
   static constexpr std::size_t kMaskedSmemBytes = kSmemBytes + kMaskBytes;
 
@@ -180,8 +180,9 @@ __device__ __forceinline__ void wgmma_grad(float (&d)[kHeadDim / 2], const uint3
 
 // The wgmma body: every work item of the grid-stride loop (sm_90a images only). kArgs: the
 // instantiation that reads the mask and draws dropout, as flash_backward_cta's; kAsIs: E and Ev
-// from the problem, else D.
-template <typename T, class F, int kArgs, bool kAsIs>
+// from the problem, else D; kNarrowMask: the mask's entries in T (AttentionProblem::
+// mask_in_input_dtype), else float32 (one form per instance: both in one spilled 250 bytes more).
+template <typename T, class F, int kArgs, bool kAsIs, bool kNarrowMask>
 __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     // (B, L, E)
                                                    const T* __restrict__ k,     // (B, S, E)
                                                    const T* __restrict__ v,     // (B, S, Ev)
@@ -207,7 +208,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const uint32_t ds_tile = do_tiles + 2 * F::kQBytes;  // [BM / 64][BN][64]
   const uint32_t stats = ds_tile + F::kDsBytes;        // 2 x (lse [BM], delta [BM])
   const uint32_t dq_stage = stats + 2 * F::kStatsBytes;  // [BM][D] f32, swizzled_dq_chunk
-  const uint32_t mask_tile = dq_stage + F::kDqBytes;     // [BM][BN] f32 (mask_slot)
+  const uint32_t mask_tile = dq_stage + F::kDqBytes;     // [BM][BN] (mask_slot)
   // The K tile through a generic pointer, for the epilogue's 16-byte reads.
   const unsigned char* const kv_bytes =
       reinterpret_cast<const unsigned char*>(sm90_bwd_smem) + (k_tile - smem_base);
@@ -253,7 +254,8 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
-    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
+    using MaskEntry = std::conditional_t<kNarrowMask, uint16_t, float>;
+    const MaskEntry* const mask_b = has_mask ? mask_slice_of<MaskEntry>(p, b) : nullptr;
     // Where dK and dV go (per batch item, also under GQA), K and V (under GQA, its group's).
     // Without kAsIs, one product for both: E = Ev = D then compiles as it did before kAsIs.
     const int64_t dk_b = b * S * E, dv_b = kAsIs ? b * S * Ev : dk_b;
@@ -289,7 +291,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
                          delta + b * rows_padded + m0, tid);
     }
     if (masked) {
-      load_mask_part<BM>(mask_tile, p, mask_b, m0, n0, key_row0, quads, lane);
+      load_mask_part<BM, kNarrowMask>(mask_tile, p, mask_b, m0, n0, key_row0, quads, lane);
     }
     cp_async_commit();
 
@@ -356,8 +358,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       // dropout, a window of them as many or more; ptxas).
       constexpr bool kPrefetch = kQTiles <= 8;
       const auto mask_at = [&](int j, int e) {  // element e of n-tile j
-        const int row = 8 * j + 2 * t + (e & 1), column = key_row0 + g + 8 * (e >> 1);
-        return ld_shared_f32(mask_tile + mask_slot(row, column));
+        return mask_fragment_entry<T, kNarrowMask>(mask_tile, key_row0, g, t, j, e);
       };
       float bias[kArgs != kNoArgs && kPrefetch ? 4 * kQTiles : 1];
       if (kArgs != kNoArgs && kPrefetch && masked) {  // uniform
@@ -368,11 +369,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       }
       // Dropout's keep bits, drawn while the products run: bit i for element s[i]. Tiles j, j + 1
       // are one call each for four lanes, whose bit 4 jj + e is element e of tile j + jj.
-      uint32_t kept[kKeptWords];
-#pragma unroll
-      for (int w = 0; w < kKeptWords; ++w) {
-        kept[w] = 0u;
-      }
+      uint32_t kept[kKeptWords] = {};
       if (has_dropout) {  // the Philox counter of tiles 0, 1, stepped by 8 rows per tile
         uint64_t counter = dropout::block_counter(b, m0 + 8 * (slot >> 1) + 2 * t,
                                                   n0 + key_row0 + g + 8 * (slot & 1), L, S);
@@ -411,7 +408,8 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       masked = reads_mask(following);
       if (masked) {
         __syncwarp();  // every lane's reads of this block's entries are done
-        load_mask_part<BM>(mask_tile, p, mask_b, following, n0, key_row0, quads, lane);
+        load_mask_part<BM, kNarrowMask>(mask_tile, p, mask_b, following, n0, key_row0, quads,
+                                        lane);
       }
       cp_async_commit();
       // Z_i of element i: 1 without dropout.

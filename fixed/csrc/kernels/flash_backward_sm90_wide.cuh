@@ -130,7 +130,7 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
-    const float* const mask_b = has_mask ? mask_rows(p, b) : nullptr;
+    const void* const mask_b = has_mask ? mask_slice_of(p, b) : nullptr;
     const int64_t dk_b = b * S * E, dv_b = b * S * Ev;
     const int64_t k_read = (b / p.kv_group) * S * E, v_read = (b / p.kv_group) * S * Ev;
     const int64_t m_begin = p.causal ? n0 : 0;  // BM = BN: the block holding row n0
@@ -209,7 +209,7 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
         for (int i = 0; i < 16; ++i) {
           const int64_t query = m0 + query0 + 8 * (i / 4) + 2 * t + (i & 1);
           const int64_t key = n0 + key_row0 + g + 8 * ((i % 4) >> 1);
-          bias[i] = query < L && key < S ? mask_entry(p, mask_b, query, key) : 0.f;
+          bias[i] = query < L && key < S ? mask_value<T>(p, mask_b, query, key) : 0.f;
         }
       }
       uint32_t kept = 0u;  // bit i: element s[i] kept

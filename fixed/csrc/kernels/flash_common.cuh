@@ -295,18 +295,11 @@ __device__ __forceinline__ bool zero_block(const AttentionProblem& p, int64_t b,
   return block_of_tiles(p, b, row0, rows, key0, keys, kHiddenTileZero);
 }
 
-// Batch item b's (L, S) slice of the additive float32 mask (strides may be 0), or null.
+// Batch item b's (L, S) slice of the additive mask as float32 (strides may be 0), or null: the
+// forward kernels' (the glue gives them float32 masks; the backward's read either form through
+// mask_slice_of and mask_value, attention_problem.cuh).
 __device__ __forceinline__ const float* mask_rows(const AttentionProblem& p, int64_t b) {
-  return p.mask == nullptr
-             ? nullptr
-             : p.mask + (b / p.heads) * p.mask_stride_outer + (b % p.heads) * p.mask_stride_head;
-}
-
-// The mask's entry for (row, key) of a slice, through the read-only cache (a broadcast mask is
-// read by many CTAs).
-__device__ __forceinline__ float mask_entry(const AttentionProblem& p, const float* mask_b,
-                                            int64_t row, int64_t key) {
-  return __ldg(mask_b + row * p.mask_stride_row + key * p.mask_stride_col);
+  return mask_slice_of<float>(p, b);
 }
 
 // Element e of n-tile j of a thread's score fragments: float[n][4] (mma.sync) or float[4 n]
@@ -326,51 +319,6 @@ __device__ __forceinline__ bool mask_in_pairs(const AttentionProblem& p) {
   return p.mask_stride_col == 1 &&
          ((p.mask_stride_row | p.mask_stride_head | p.mask_stride_outer) & 1) == 0 &&
          (reinterpret_cast<std::uintptr_t>(p.mask) & 7) == 0;
-}
-// The same for aligned runs of four (16-byte copies).
-__device__ __forceinline__ bool mask_in_quads(const AttentionProblem& p) {
-  return p.mask_stride_col == 1 &&
-         ((p.mask_stride_row | p.mask_stride_head | p.mask_stride_outer) & 3) == 0 &&
-         (reinterpret_cast<std::uintptr_t>(p.mask) & 15) == 0;
-}
-
-// A mask tile in shared memory (the wgmma backward's): row r (query m0 + r) holds the float32
-// entries of keys n0 .. n0 + 127, 16-byte chunk c at c ^ (r & 7). A warp's load of one element
-// of its S^T fragments (keys 16 w + g, queries 2 t, + 8 j) then meets 8 chunks of 4 rows on all
-// 32 banks. Each warp copies and reads only its own 16 keys' part, so it refills that part for
-// the next block as soon as it has used it, with no barrier.
-__device__ __forceinline__ uint32_t mask_slot(int row, int column) {
-  return static_cast<uint32_t>(row * 512 + (((column >> 2) ^ (row & 7)) << 4) + (column & 3) * 4);
-}
-
-// Copies the mask's entries of queries m0 .. m0 + kRows - 1 and the warp's keys n0 + column0 ..
-// + 15 into the tile by cp.async, 0 past L or S. quads (uniform, mask_in_quads): 16-byte copies,
-// otherwise one per entry through the strides. Each lane: 8-row passes of 4 chunks.
-template <int kRows>
-__device__ __forceinline__ void load_mask_part(uint32_t tile, const AttentionProblem& p,
-                                               const float* mask_b, int64_t m0, int64_t n0,
-                                               int column0, bool quads, int lane) {
-  const int column = column0 + 4 * (lane & 3);
-  const int64_t key = n0 + column;
-#pragma unroll
-  for (int pass = 0; pass < kRows / 8; ++pass) {
-    const int row = 8 * pass + (lane >> 2);
-    const int64_t query = m0 + row;
-    const int64_t left = query < p.len_q ? p.len_kv - key : 0;
-    const int keys = left <= 0 ? 0 : left >= 4 ? 4 : static_cast<int>(left);
-    const float* const from =
-        keys > 0 ? mask_b + query * p.mask_stride_row + key * p.mask_stride_col : mask_b;
-    const uint32_t to = tile + mask_slot(row, column);
-    if (quads) {
-      cp_async_16_zfill(to, from, 4 * keys);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        cp_async_4_zfill(to + 4 * e, e < keys ? from + e * p.mask_stride_col : mask_b,
-                         e < keys ? 4 : 0);
-      }
-    }
-  }
 }
 
 // Row `first / 2` of a thread's score fragments (elements first, first + 1 of each n-tile j:
@@ -528,14 +476,15 @@ inline bool longest_first_pays(int64_t batch, int64_t stream_rows, int64_t head_
 
 // Whether the kernels should take a masked problem's work items batch-minor (their
 // longest_first order): where neighbouring batch items (B x H, head-minor) read the same mask
-// (broadcast over heads, or over the batch with one head) and it outgrows L2. The items running
-// at once then share each mask tile through L2 instead of each streaming the mask from HBM.
+// (broadcast over heads, or over the batch with one head) and one (L, S) slice of it, in the
+// form the kernels read, outgrows L2. The items running at once then share each mask tile
+// through L2 instead of each streaming the mask from HBM.
 // H100, (1, 1, S, S) masks, 16 heads (perf/NOTES.md, v24): at S = 8192 forward 1.00-1.20x as
 // fast, forward+backward 1.01-1.11x; at 2048 (16 MB) a float mask at D = 128 3-5% slower.
 inline bool mask_shared_by_neighbours(const AttentionProblem& p) {
   return p.mask != nullptr && p.batch > 1 &&
          (p.heads > 1 ? p.mask_stride_head : p.mask_stride_outer) == 0 &&
-         p.len_q * p.len_kv * 4 > l2_bytes();
+         p.len_q * p.len_kv * mask_entry_bytes(p) > l2_bytes();
 }
 
 inline bool aligned16(const void* pointer) {

@@ -110,7 +110,9 @@ bool encode_mask_map(CUtensorMap* map, const AttentionProblem& p) {
   const int64_t sizes[4] = {p.len_kv, p.len_q, p.heads, p.heads > 0 ? p.batch / p.heads : 0};
   const int64_t strides[4] = {p.mask_stride_col, p.mask_stride_row, p.mask_stride_head,
                               p.mask_stride_outer};
-  return flash::encode_mask_map(map, p.mask, sizes, strides, mask_box_rows<F>(p));
+  // float32: the glue gives the forward no other (AttentionProblem::mask_in_input_dtype).
+  return flash::encode_mask_map(map, static_cast<const float*>(p.mask), sizes, strides,
+                                mask_box_rows<F>(p));
 }
 
 // One instantiation's launch: the tensor maps, one CTA per SM. False, having launched nothing,
