@@ -141,22 +141,56 @@ __device__ __forceinline__ uint32_t mask_slot(int row, int column) {
 }
 
 // Element e of n-tile j of a thread's S^T fragments (query 8 j + 2 t + (e & 1), key
-// column0 + g + 8 (e >> 1) of the tile) as float; T: the inputs' dtype.
-template <typename T, bool kNarrow>
+// column0 + g + 8 (e >> 1) of the tile) from the float32 tile.
 __device__ __forceinline__ float mask_fragment_entry(uint32_t tile, int column0, int g, int t,
                                                      int j, int e) {
   const int row = 8 * j + 2 * t + (e & 1), column = column0 + g + 8 * (e >> 1);
-  const uint32_t at = tile + mask_slot<kNarrow>(row, column);
-  if constexpr (kNarrow) {
-    unsigned short bits;
-    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(bits) : "r"(at));
+  return ld_shared_f32(tile + mask_slot<false>(row, column));
+}
+
+// The 16-bit tile's entries of n-tiles j, j + 1 (j even) of a thread's S^T fragments, by one
+// ldmatrix.x4.trans: an 8 x 8 matrix of the tile (8 queries, one chunk of 8 keys) transposed
+// gives lane (g, t) its queries 2 t, 2 t + 1 at key g in one register, the pair of elements
+// e, e + 1 (e even). Matrix m = lane / 8 holds queries 8 (j + m / 2) .. + 7, keys
+// column0 + 8 (m & 1) .. + 7: lane_base (mask_pair_base) is lane's row of it at j = 0, and an
+// n-tile is 8 rows (2 KB) further. entries[4 jj + e]: element e of n-tile j + jj, as float.
+__device__ __forceinline__ uint32_t mask_pair_base(uint32_t tile, int column0, int lane) {
+  const int row = 8 * (lane >> 4) + (lane & 7), column = column0 + 8 * ((lane >> 3) & 1);
+  return tile + mask_slot<true>(row, column);
+}
+template <typename T>
+__device__ __forceinline__ void mask_fragment_pairs(uint32_t lane_base, int j,
+                                                    float (&entries)[8]) {
+  uint32_t pairs[4];  // n-tile j keys g, g + 8; n-tile j + 1 keys g, g + 8
+  ldmatrix_x4_trans(pairs, lane_base + static_cast<uint32_t>(j) * 8 * 256);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
     if constexpr (std::is_same_v<T, __half>) {
-      return __half2float(__ushort_as_half(bits));
-    } else {
-      return __bfloat162float(__ushort_as_bfloat16(bits));
+      const float2 both = __half22float2(*reinterpret_cast<const __half2*>(&pairs[i]));
+      entries[2 * i] = both.x;
+      entries[2 * i + 1] = both.y;
+    } else {  // bfloat16: the high 16 bits of a float32
+      entries[2 * i] = __uint_as_float(pairs[i] << 16);
+      entries[2 * i + 1] = __uint_as_float(pairs[i] & 0xFFFF0000u);
     }
-  } else {
-    return ld_shared_f32(at);
+  }
+}
+
+// All of a thread's entries, bias[4 j + e] = element e of n-tile j, in either form.
+template <typename T, bool kNarrow, int N>
+__device__ __forceinline__ void mask_fragments(float (&bias)[N], uint32_t tile,
+                                               uint32_t pair_base, int column0, int g, int t) {
+  float pairs[8];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if constexpr (kNarrow) {
+      if (i % 8 == 0) {
+        mask_fragment_pairs<T>(pair_base, i / 4, pairs);
+      }
+      bias[i] = pairs[i % 8];
+    } else {
+      bias[i] = mask_fragment_entry(tile, column0, g, t, i / 4, i % 4);
+    }
   }
 }
 

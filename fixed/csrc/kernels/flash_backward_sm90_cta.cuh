@@ -250,6 +250,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const bool skips = kArgs == kMaskOnly && skips_hidden_blocks(p);
   const bool skips_zero = has_mask && skips_zero_blocks(p);
   const bool quads = has_mask && mask_in_quads(p);
+  const uint32_t pair_base = mask_pair_base(mask_tile, key_row0, lane);  // kNarrowMask
 
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
@@ -355,17 +356,15 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       // The mask's entries of this block (0 past L or S), in its tile. At D = 128 a thread's 32
       // are read into registers while the products run (read in step 3 instead, the masked
       // backward ran 6-12% slower); at D = 64 in step 3 (64 registers more spilled 216 bytes with
-      // dropout, a window of them as many or more; ptxas).
+      // dropout, a window of them as many or more; ptxas). 16-bit: two n-tiles per ldmatrix.
       constexpr bool kPrefetch = kQTiles <= 8;
-      const auto mask_at = [&](int j, int e) {  // element e of n-tile j
-        return mask_fragment_entry<T, kNarrowMask>(mask_tile, key_row0, g, t, j, e);
+      const auto mask_at = [&](int j, int e) {  // element e of n-tile j (float32)
+        return mask_fragment_entry(mask_tile, key_row0, g, t, j, e);
       };
       float bias[kArgs != kNoArgs && kPrefetch ? 4 * kQTiles : 1];
+      float pairs[8];  // 16-bit, read in step 3: n-tiles j & ~1, j | 1
       if (kArgs != kNoArgs && kPrefetch && masked) {  // uniform
-#pragma unroll
-        for (int i = 0; i < 4 * kQTiles; ++i) {
-          bias[i] = mask_at(i / 4, i % 4);
-        }
+        mask_fragments<T, kNarrowMask>(bias, mask_tile, pair_base, key_row0, g, t);
       }
       // Dropout's keep bits, drawn while the products run: bit i for element s[i]. Tiles j, j + 1
       // are one call each for four lanes, whose bit 4 jj + e is element e of tile j + jj.
@@ -394,7 +393,15 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
           const float row_lse = (e & 1) ? lse2.y : lse2.x;
           float exponent = -row_lse;
           if (masked) {  // fmaf(0, log2 e, x) is x: a zero block's P is the same
-            exponent = fmaf(kPrefetch ? bias[4 * j + e] : mask_at(j, e), kLog2e, exponent);
+            if constexpr (kNarrowMask && !kPrefetch) {
+              if (j % 2 == 0 && e == 0) {
+                mask_fragment_pairs<T>(pair_base, j, pairs);
+              }
+            }
+            const float entry = kPrefetch      ? bias[4 * j + e]
+                                : kNarrowMask ? pairs[4 * (j % 2) + e]
+                                              : mask_at(j, e);
+            exponent = fmaf(entry, kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
           if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
