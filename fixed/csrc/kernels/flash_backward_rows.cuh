@@ -129,10 +129,11 @@ __host__ __device__ __forceinline__ bool mask_in_octets(const AttentionProblem& 
 
 // The mask tile in shared memory: row r (query m0 + r) holds the entries of keys n0 .. n0 + 127
 // (512 bytes of float32, or 256 of the inputs' 16-bit dtype: kNarrow), 16-byte chunk c at
-// c ^ (r & 7). A warp's load of one element of its S^T fragments (keys 16 w + g, queries 2 t,
-// + 8 j) then meets 8 chunks of 4 rows on all 32 banks (float32), or 4 chunks on 16 banks, two
-// lanes to a word (16-bit). Each warp copies and reads only its own 16 keys' part, so it
-// refills that part for the next block as soon as it has used it, with no barrier.
+// c ^ (r & 7). A warp's float32 load of one element of its S^T fragments (keys 16 w + g,
+// queries 2 t, + 8 j) then meets 8 chunks of 4 rows on all 32 banks; each 8-lane phase of the
+// 16-bit tile's ldmatrix (mask_fragment_pairs) reads 8 rows' chunks, on all 32 banks too. Each
+// warp copies and reads only its own 16 keys' part, so it refills that part for the next block
+// as soon as it has used it, with no barrier.
 template <bool kNarrow>
 __device__ __forceinline__ uint32_t mask_slot(int row, int column) {
   constexpr int kShift = kNarrow ? 3 : 2, kBytes = kNarrow ? 2 : 4;  // 2^kShift entries a chunk
