@@ -147,6 +147,24 @@ def run(ops, device, dtype, q, k, v, grad, mask, dropout_p, seed_tensor, causal)
     return (out, lse, *grads)
 
 
+def check_against(got, reference, dtype, where):
+    """run()'s five results against the float64 CPU operator's: shapes, lse's absolute error,
+    the others' relative error within the dtype's tolerance."""
+    for name, result, expected_value in zip(
+        ("out", "lse", "dq", "dk", "dv"), got, reference, strict=True
+    ):
+        with check:
+            assert result.shape == expected_value.shape, f"{name} {list(result.shape)}: {where}"
+        if name == "lse":
+            error = lse_error(result, expected_value)
+            with check:
+                assert error <= LSE_TOLERANCE, f"lse error {error:.2e}: {where}"
+            continue
+        error = relative_error(result, expected_value)
+        with check:
+            assert error <= TOLERANCE[dtype], f"{name} relative error {error:.2e}: {where}"
+
+
 def formula64(q, k, v, mask):
     """softmax(q kᵀ scale + mask) v in float64, a row with every key hidden giving zeros."""
     q, k, v = (t.to("cpu", torch.float64) for t in (q, k, v))
@@ -231,19 +249,7 @@ def test_masks_and_dropout_run_on_the_tensor_cores(fixed, seed, case, dtype):
         )
 
     reference = run(ops, "cpu", torch.float64, q, k, v, grad, mask, dropout_p, seed_tensor, causal)
-    for name, result, expected_value in zip(
-        ("out", "lse", "dq", "dk", "dv"), got, reference, strict=True
-    ):
-        with check:
-            assert result.shape == expected_value.shape, f"{name} {list(result.shape)}: {where}"
-        if name == "lse":
-            error = lse_error(result, expected_value)
-            with check:
-                assert error <= LSE_TOLERANCE, f"lse error {error:.2e}: {where}"
-            continue
-        error = relative_error(result, expected_value)
-        with check:
-            assert error <= TOLERANCE[dtype], f"{name} relative error {error:.2e}: {where}"
+    check_against(got, reference, dtype, where)
     if dropout_p == 0 and not causal:
         error = relative_error(got[0], formula64(q, k, v, mask))
         with check:
@@ -297,14 +303,4 @@ def test_backward_reads_the_mask_in_the_inputs_dtype(fixed, seed, case, dtype):
         assert not names or any(made in name for name in names), f"{made}: {names}; {where}"
 
     reference = run(ops, "cpu", torch.float64, q, k, v, grad, mask, 0.0, None, False)
-    for name, result, expected_value in zip(
-        ("out", "lse", "dq", "dk", "dv"), got, reference, strict=True
-    ):
-        if name == "lse":
-            error = lse_error(result, expected_value)
-            with check:
-                assert error <= LSE_TOLERANCE, f"lse error {error:.2e}: {where}"
-            continue
-        error = relative_error(result, expected_value)
-        with check:
-            assert error <= TOLERANCE[dtype], f"{name} relative error {error:.2e}: {where}"
+    check_against(got, reference, dtype, where)

@@ -291,7 +291,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   check_dropout_not_captured(dropout_p);
   // attn_mask is checked here, after the guard, because making it additive float32 may allocate
   // on its device (a bool mask becomes a new tensor). Kept alive until after the launch.
-  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, false, stream);
+  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, /*backward=*/false, stream);
 
   // On the device, from the caching allocator (no host round trip, no sync); sizes only, so
   // both outputs are contiguous whatever the inputs' strides.
@@ -372,7 +372,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const c10::cuda::CUDAGuard device_guard(query.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   check_dropout_not_captured(dropout_p);
-  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, true, stream);
+  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, /*backward=*/true, stream);
 
   if (shape.batch == 0 || shape.len_q == 0 || shape.len_kv == 0) {
     // The output does not depend on any element: every gradient is zero. No kernel of ours.
