@@ -103,13 +103,14 @@ struct KernelMask {
 // attention kernels, by one launch on `stream` that also makes a bool, float16, bfloat16 or
 // float64 mask additive float32 (a float32 one is read as it is). Otherwise additive_mask
 // converts it with torch's ops and there is no map.
-// For the backward (`backward`), a bool mask or one in the inputs' dtype stays 16-bit: 0 / -inf
-// and such entries are exact in it, and the backward, which reads the whole mask on every key
-// block, moves half the bytes. The keys must not be broadcast, and the wgmma backward copies
-// rows in 16-byte runs: a mask of that dtype whose rows are not 16-byte aligned is copied with
-// its rows padded, as a bool one always is (kernels: mask_in_octets).
+// Where `input_dtype` (the backward; the forward on Hopper), a bool mask or one in the inputs'
+// dtype stays 16-bit: 0 / -inf and such entries are exact in it, and the kernels, which read
+// the mask once per key block (backward) or query block (forward), move half the bytes. The
+// keys must not be broadcast, and the kernels copy rows in 16-byte runs: a mask of that dtype
+// whose rows are not 16-byte aligned is copied with its rows padded, as a bool one always is
+// (kernels: mask_in_octets).
 KernelMask kernel_mask(const std::optional<at::Tensor>& attn_mask, const at::Tensor& query,
-                       const AttentionShape& shape, bool causal, bool backward,
+                       const AttentionShape& shape, bool causal, bool input_dtype,
                        cudaStream_t stream) {
   if (!attn_mask.has_value()) {
     return {};
@@ -134,7 +135,7 @@ KernelMask kernel_mask(const std::optional<at::Tensor>& attn_mask, const at::Ten
   }
   const int64_t rows = own.size(2), keys = own.size(3);
   const bool narrow =
-      backward && (dtype == at::kBool || dtype == query.scalar_type()) && keys == shape.len_kv;
+      input_dtype && (dtype == at::kBool || dtype == query.scalar_type()) && keys == shape.len_kv;
   const at::ScalarType kernel_dtype = narrow ? query.scalar_type() : at::kFloat;
   const auto octets = [](const at::Tensor& mask) {  // kernels::flash::mask_in_octets
     const auto address = reinterpret_cast<std::uintptr_t>(mask.const_data_ptr());
@@ -289,9 +290,13 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   // legacy default stream: ordered after whatever produced the inputs on it.
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   check_dropout_not_captured(dropout_p);
-  // attn_mask is checked here, after the guard, because making it additive float32 may allocate
-  // on its device (a bool mask becomes a new tensor). Kept alive until after the launch.
-  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, /*backward=*/false, stream);
+  // attn_mask is checked here, after the guard, because making it additive may allocate on its
+  // device (a bool mask becomes a new tensor). Kept alive until after the launch. On Hopper in
+  // the inputs' dtype where kernel_mask can (the warp-specialized kernel reads it; the others
+  // decline it, and the launch below retries with a float32 one).
+  KernelMask mask = kernel_mask(attn_mask, query, shape, causal,
+                                /*input_dtype=*/kernels::flash::sm90::current_device_is_sm90(),
+                                stream);
 
   // On the device, from the caching allocator (no host round trip, no sync); sizes only, so
   // both outputs are contiguous whatever the inputs' strides.
@@ -314,9 +319,8 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   const at::Tensor q = query.contiguous();  // (B, L, E)
   const at::Tensor k = key.contiguous();    // (B / kv_group, S, E)
   const at::Tensor v = value.contiguous();  // (B / kv_group, S, Ev)
-  const kernels::AttentionProblem problem =
+  kernels::AttentionProblem problem =
       make_problem(shape, scale, causal, mask.additive, mask.hidden, dropout_p, seed);
-  TORCH_INTERNAL_ASSERT(!problem.mask_in_input_dtype);  // the forward kernels read float32
   // Head dims the tensor-core kernels compute at a padded width: Hopper's takes them as they are
   // (multiples of 8); elsewhere (or where it declines) the problem is padded below, never given
   // to the generic one.
@@ -333,10 +337,17 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
     const auto* v_ptr = cuda_ptr<scalar_t>(v);
     auto* out_ptr = cuda_mutable_ptr<scalar_t>(output);
     float* const lse_ptr = logsumexp.mutable_data_ptr<float>();
-    launched =
-        kernels::launch_flash_forward_sm90(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem,
-                                           stream) ||
-        kernels::launch_flash_forward(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem, stream);
+    const auto tensor_cores = [&] {
+      return kernels::launch_flash_forward_sm90(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem,
+                                                stream) ||
+             kernels::launch_flash_forward(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem, stream);
+    };
+    launched = tensor_cores();
+    if (!launched && problem.mask_in_input_dtype) {  // declined by the kernel that reads it
+      mask = kernel_mask(attn_mask, query, shape, causal, /*input_dtype=*/false, stream);
+      problem = make_problem(shape, scale, causal, mask.additive, mask.hidden, dropout_p, seed);
+      launched = tensor_cores();
+    }
     if (!launched && width == 0) {
       kernels::launch_attention_forward(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem, stream);
       launched = true;
@@ -372,7 +383,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const c10::cuda::CUDAGuard device_guard(query.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   check_dropout_not_captured(dropout_p);
-  const KernelMask mask = kernel_mask(attn_mask, query, shape, causal, /*backward=*/true, stream);
+  const KernelMask mask =
+      kernel_mask(attn_mask, query, shape, causal, /*input_dtype=*/true, stream);
 
   if (shape.batch == 0 || shape.len_q == 0 || shape.len_kv == 0) {
     // The output does not depend on any element: every gradient is zero. No kernel of ours.

@@ -34,10 +34,11 @@ struct AttentionProblem {
   float scale;
   bool causal;
   // The mask's entries (`mask` below): float32, or (true) the inputs' own half or bfloat16, half
-  // the bytes for the kernels to move. The glue gives the 16-bit form to the backward pass only,
-  // with keys contiguous and every row 16-byte aligned (whole 16-byte copies in the wgmma
-  // backward); the forward kernels read float32 (mask_rows, flash_common.cuh). Here, in the
-  // padding after `causal`, so that no other field moves.
+  // the bytes for the kernels to move, with keys contiguous and every row 16-byte aligned (whole
+  // 16-byte copies). Every backward reads either; of the forwards only the warp-specialized
+  // Hopper one reads the 16-bit form (the others decline it: mask_rows is float32, and the glue
+  // retries with a float32 mask). Here, in the padding after `causal`, so that no other field
+  // moves.
   bool mask_in_input_dtype = false;
   int64_t head_dim_v = 0;  // Ev (value, output), 1..256; 0 means head_dim
   int64_t heads = 1;       // Hq: query's dim -3 (1 when query is 2-D)

@@ -296,8 +296,8 @@ __device__ __forceinline__ bool zero_block(const AttentionProblem& p, int64_t b,
 }
 
 // Batch item b's (L, S) slice of the additive mask as float32 (strides may be 0), or null: the
-// forward kernels' (the glue gives them float32 masks; the backward's read either form through
-// mask_slice_of and mask_value, attention_problem.cuh).
+// per-thread forward kernels' (they decline a 16-bit mask; the backwards read either form
+// through mask_slice_of and mask_value, attention_problem.cuh).
 __device__ __forceinline__ const float* mask_rows(const AttentionProblem& p, int64_t b) {
   return mask_slice_of<float>(p, b);
 }

@@ -75,8 +75,8 @@ bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const Attent
 template <typename T>
 bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
              cudaStream_t stream) {
-  if (!takes_tensor_cores(p)) {
-    return false;
+  if (!takes_tensor_cores(p) || p.mask_in_input_dtype) {
+    return false;  // a mask in the inputs' dtype: the glue makes a float32 one and tries again
   }
   // 16-byte cp.async and stores: a contiguous tensor at an odd storage offset is not aligned.
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {

@@ -448,6 +448,9 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
   if (warp_specialized) {
     return true;
   }
+  if (p.mask_in_input_dtype) {
+    return false;  // this kernel reads float32 masks: the glue makes one and tries again
+  }
   if (!detail::takes_tensor_cores(p) ||
       (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)) {
     return false;  // the glue pads other head dims to one of those

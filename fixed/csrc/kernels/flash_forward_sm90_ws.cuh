@@ -110,9 +110,9 @@ bool encode_mask_map(CUtensorMap* map, const AttentionProblem& p) {
   const int64_t sizes[4] = {p.len_kv, p.len_q, p.heads, p.heads > 0 ? p.batch / p.heads : 0};
   const int64_t strides[4] = {p.mask_stride_col, p.mask_stride_row, p.mask_stride_head,
                               p.mask_stride_outer};
-  // float32: the glue gives the forward no other (AttentionProblem::mask_in_input_dtype).
-  return flash::encode_mask_map(map, static_cast<const float*>(p.mask), sizes, strides,
-                                mask_box_rows<F>(p));
+  // Entries of F::MaskEntry: float, or the inputs' 16-bit dtype (mask_in_input_dtype).
+  return flash::encode_mask_map(map, static_cast<const typename F::MaskEntry*>(p.mask), sizes,
+                                strides, mask_box_rows<F>(p));
 }
 
 // One instantiation's launch: the tensor maps, one CTA per SM. False, having launched nothing,
@@ -174,6 +174,12 @@ bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
   }
   if constexpr (FArgs::kMaskStages == 0) {
     return false;
+  } else if (p.mask_in_input_dtype) {  // the tiling with 16-bit mask boxes
+    using FNarrow = typename FArgs::template WithMaskEntry<T>;
+    return p.dropout_p > 0.f
+               ? launch_kernel<T, FNarrow, kMaskAndDropout>(q, k, v, out, lse, p, longest_first,
+                                                            stream)
+               : launch_kernel<T, FNarrow, kMaskOnly>(q, k, v, out, lse, p, longest_first, stream);
   } else {
     return p.dropout_p > 0.f
                ? launch_kernel<T, FArgs, kMaskAndDropout>(q, k, v, out, lse, p, longest_first,

@@ -6,11 +6,12 @@
 //
 // The mask in shared memory: per key block, kBlockN / 32 boxes of kBlockM rows x 32 keys (128
 // bytes a row, 16 KB a box, each 1024-byte aligned), written by TMA with the 128-byte swizzle
-// (16-byte chunk c of row r at chunk c ^ (r & 7)). Blocks whose entries are all 0 (the map of
-// hidden tiles says so: most of a mask made from bools) are neither loaded nor read: their
-// scores are only scaled. A lane reads its two keys of a row as one
-// 8-byte load; the 8 rows x 4 lanes of a warp's load then cover all 32 banks twice, the fewest
-// wavefronts for 256 bytes. A mask broadcast over rows (key padding: (B, 1, 1, S)) is loaded as
+// (16-byte chunk c of row r at chunk c ^ (r & 7)); a mask in the inputs' 16-bit dtype (the
+// tiling's MaskEntry) in boxes of 64 keys, half the boxes (mask_pair). Blocks whose entries are
+// all 0 (the map of hidden tiles says so: most of a mask made from bools) are neither loaded nor
+// read: their scores are only scaled. A lane reads its two keys of a row as one 8-byte load;
+// the 8 rows x 4 lanes of a warp's load then cover all 32 banks twice, the fewest wavefronts
+// for 256 bytes. A mask broadcast over rows (key padding: (B, 1, 1, S)) is loaded as
 // boxes of one row, which every row reads.
 //
 // Why TMA and not the wgmma kernel's per-thread loads: a float mask costs 4 bytes per score, and
@@ -21,9 +22,12 @@
 #ifndef FIXED_FLASH_FORWARD_SM90_WS_ARGS_CUH_
 #define FIXED_FLASH_FORWARD_SM90_WS_ARGS_CUH_
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_problem.cuh"  // AttentionProblem
 #include "flash_common.cuh"       // dropout_keep_bits, ld_shared_f32x2, ...
@@ -59,10 +63,35 @@ __device__ __forceinline__ void load_mask_block(const CUtensorMap* map, uint32_t
   const int outer = p.mask_stride_outer != 0 ? static_cast<int>(b / p.heads) : 0;
 #pragma unroll
   for (int box = 0; box < F::kMaskBoxes; ++box) {
-    tma_load_4d(tile + box * F::kMaskBoxBytes, map, key0 + 32 * box, row, head, outer, barrier);
+    tma_load_4d(tile + box * F::kMaskBoxBytes, map, key0 + F::kMaskKeysPerBox * box, row, head,
+                outer, barrier);
   }
 }
 #endif  // FIXED_HAS_TENSOR_MAPS
+
+// A lane's two entries (keys 8 j + 2 t, + 1) of row `line` of a key block's mask boxes. Float32:
+// 4 keys a chunk, the pair 8 bytes at 8 (t & 1) of chunk 2 (j % 4) + (t >> 1) of box j / 4. 16-bit
+// (F::MaskEntry, the inputs' dtype): 8 keys a chunk, the pair 4 bytes at 4 t of chunk j % 8 of
+// box j / 8; a warp's load (8 rows, 4 lanes each) then covers all 32 banks once.
+template <class F>
+__device__ __forceinline__ float2 mask_pair(uint32_t tile, int line, int t, int j) {
+  using Entry = typename F::MaskEntry;
+  if constexpr (sizeof(Entry) == 2) {
+    const uint32_t chunk = static_cast<uint32_t>((j % 8) ^ (line & 7));
+    const uint32_t at = tile + static_cast<uint32_t>(line) * 128u + (j / 8) * F::kMaskBoxBytes +
+                        (chunk << 4) + 4 * t;
+    const uint32_t bits = __float_as_uint(ld_shared_f32(at));
+    if constexpr (std::is_same_v<Entry, __half>) {
+      return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+    } else {
+      return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xFFFF0000u));
+    }
+  } else {
+    const uint32_t chunk = static_cast<uint32_t>((2 * (j % 4) + (t >> 1)) ^ (line & 7));
+    const uint32_t at = tile + static_cast<uint32_t>(line) * 128u + (t & 1) * 8;
+    return ld_shared_f32x2(at + (j / 4) * F::kMaskBoxBytes + (chunk << 4));
+  }
+}
 
 // Scores of rows `first_row` (g) and + 8 of the item's tile, raw, to scaled scores plus the mask
 // in log2 units (flash_forward_sm90.cuh's pairs path), -inf for rows past L. Keys past S read
@@ -76,12 +105,10 @@ __device__ __forceinline__ void add_mask_tile(float (&s)[F::kNTiles * 4], uint32
   for (int h = 0; h < 2; ++h) {
     const int row = first_row + 8 * h;
     const int line = rows_vary ? row : 0;
-    const uint32_t at = tile + static_cast<uint32_t>(line) * 128u + (t & 1) * 8;
     const bool row_inside = row < rows_left;
 #pragma unroll
     for (int j = 0; j < F::kNTiles; ++j) {
-      const uint32_t chunk = static_cast<uint32_t>((2 * (j % 4) + (t >> 1)) ^ (line & 7));
-      const float2 entry = ld_shared_f32x2(at + (j / 4) * F::kMaskBoxBytes + (chunk << 4));
+      const float2 entry = mask_pair<F>(tile, line, t, j);
       float& s0 = s[4 * j + 2 * h];
       float& s1 = s[4 * j + 2 * h + 1];
       s0 = row_inside ? fmaf(s0, mask_scale, entry.x * kLog2e) : -INFINITY;

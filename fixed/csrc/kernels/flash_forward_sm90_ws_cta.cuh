@@ -6,8 +6,8 @@
 // ---------------------------------------------------------------------------------- roles
 // One CTA per SM, persistent: in round r CTA c takes work item r G + c (G CTAs; odd rounds
 // reversed, scheduled_item), an item being kBlockM (128 or 192) query rows of one batch item,
-// numbered in flash_forward_sm90.cuh's order. A producer warpgroup and kConsumers (2 or 3) consumer
-// warpgroups (384 or 512 threads):
+// numbered in flash_forward_sm90.cuh's order. A producer warpgroup and kConsumers (2 or 3)
+// consumer warpgroups (384 or 512 threads):
 //   producer (warpgroup 0, one thread): TMA loads of Q (once per item) and of K, V and the
 //     mask's tile (per key block; blocks the mask hides entirely are skipped) into shared memory,
 //     each announced on an mbarrier ("full"), each waiting for its buffer's "empty" mbarrier
@@ -16,8 +16,7 @@
 //     the buffers, softmax in registers, and each warp signals "empty" once its products have
 //     read a buffer.
 // setmaxnreg moves registers from the producer (24 per thread) to the consumers (240 of two,
-// 160 of three): at launch every thread has 168 (65536 / 384, rounded down to 8),
-// 128 x 24 + 256 x 240 = 384 x 168; with three, 128 (65536 / 512), 128 x 24 + 384 x 160 < 64 K.
+// 160 of three): 128 x 24 + 256 x 240 = 384 x 168 (168 at launch); 128 x 24 + 384 x 160 < 64 K.
 //
 // ----------------------------------------------------------------- the consumers' loop
 // Per key block j, with S_j = Q K_j^T and P_j its probabilities:
@@ -62,10 +61,14 @@ namespace sm90_ws {
 
 // kMaskStages: buffers of mask tiles (0: a tiling for problems without a mask or dropout).
 // kConsumers: consumer warpgroups of 64 rows each, 2 or 3 (FlashAttention-3's 192-row tiles at
-// D = 64).
+// D = 64). MaskEntry: float, or the inputs' 16-bit dtype (mask_in_input_dtype; WithMaskEntry).
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, int kMaskStages_ = 0,
-          int kConsumers_ = 2>
+          int kConsumers_ = 2, typename MaskEntry_ = float>
 struct Tile {
+  using MaskEntry = MaskEntry_;
+  template <typename Entry>
+  using WithMaskEntry =
+      Tile<kHeadDim_, kBlockN_, kStages_, kPingPong_, kMaskStages_, kConsumers_, Entry>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
@@ -81,8 +84,9 @@ struct Tile {
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
   // The mask (flash_forward_sm90_ws_args.cuh): per key block kMaskBoxes boxes of kBlockM rows x
-  // 32 float32 keys.
-  static constexpr int kMaskBoxes = kBlockN / 32;
+  // 128 bytes (32 float32 keys, 64 16-bit ones).
+  static constexpr int kMaskKeysPerBox = 128 / static_cast<int>(sizeof(MaskEntry));
+  static constexpr int kMaskBoxes = kBlockN / kMaskKeysPerBox;
   static constexpr uint32_t kMaskBoxBytes = kBlockM * 128;
   static constexpr uint32_t kMaskBytes = kMaskBoxes * kMaskBoxBytes;
   static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages + 2 * kMaskStages);

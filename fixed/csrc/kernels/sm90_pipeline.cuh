@@ -183,37 +183,45 @@ bool encode_rows_map(CUtensorMap* map, const T* base, int64_t items, int64_t row
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The map of an additive float32 mask read in boxes of `box_rows` rows x 32 keys (128 bytes,
-// stored with the 128-byte swizzle), rank 4: (key, row, head, outer), `sizes` and `strides` in
-// elements in that order. A stride of 0 (a broadcast dimension) becomes a dimension of size 1,
-// read at coordinate 0. Keys and rows past the end read zeros. False where TMA cannot read the
-// mask (keys not contiguous, a base or stride not a multiple of 16 bytes) or the encoder refuses.
-inline bool encode_mask_map(CUtensorMap* map, const float* base, const int64_t (&sizes)[4],
-                            const int64_t (&strides)[4], uint32_t box_rows) {
+// The map of an additive mask of Entry (float, or a 16-bit half / bfloat16) read in boxes of
+// `box_rows` rows x 128 bytes (32 or 64 keys, stored with the 128-byte swizzle), rank 4: (key,
+// row, head, outer), `sizes` and `strides` in elements in that order. A stride of 0 (a broadcast
+// dimension) becomes a dimension of size 1, read at coordinate 0. Keys and rows past the end
+// read zeros. False where TMA cannot read the mask (keys not contiguous, a base or stride not a
+// multiple of 16 bytes) or the encoder refuses.
+template <typename Entry>
+bool encode_mask_map(CUtensorMap* map, const Entry* base, const int64_t (&sizes)[4],
+                     const int64_t (&strides)[4], uint32_t box_rows) {
   const EncodeTiled encode = tensor_map_encoder();
   if (encode == nullptr || strides[0] != 1 || reinterpret_cast<std::uintptr_t>(base) % 16 != 0) {
     return false;
   }
   cuuint64_t dims[4];
   cuuint64_t byte_strides[3];
-  uint64_t extent = static_cast<uint64_t>(sizes[0]) * sizeof(float);  // of dims below
+  uint64_t extent = static_cast<uint64_t>(sizes[0]) * sizeof(Entry);  // of dims below
   dims[0] = static_cast<cuuint64_t>(sizes[0]);
   for (int d = 1; d < 4; ++d) {
-    if (strides[d] < 0 || (strides[d] * sizeof(float)) % 16 != 0) {
+    if (strides[d] < 0 || (strides[d] * sizeof(Entry)) % 16 != 0) {
       return false;
     }
     const bool broadcast = strides[d] == 0;
     dims[d] = broadcast ? 1 : static_cast<cuuint64_t>(sizes[d]);
     // A broadcast dimension is read at 0 only; its stride just has to be a valid one.
     extent = (extent + 15) / 16 * 16;
-    byte_strides[d - 1] = broadcast ? extent : static_cast<cuuint64_t>(strides[d]) * sizeof(float);
+    byte_strides[d - 1] = broadcast ? extent : static_cast<cuuint64_t>(strides[d]) * sizeof(Entry);
     extent = byte_strides[d - 1] * dims[d];
   }
-  const cuuint32_t box[4] = {32, box_rows, 1, 1};
+  const cuuint32_t box[4] = {128 / sizeof(Entry), box_rows, 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, const_cast<float*>(base), dims,
-                byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  if constexpr (std::is_same_v<Entry, __half>) {
+    type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  } else if constexpr (std::is_same_v<Entry, __nv_bfloat16>) {
+    type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  }
+  return encode(map, type, 4, const_cast<Entry*>(base), dims, byte_strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
