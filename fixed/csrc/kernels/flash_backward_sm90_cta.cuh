@@ -24,12 +24,10 @@
 //      Accumulator element s[4 j + e] (wgmma.cuh) is key key_row0 + g + 8 (e >> 1), query
 //      m0 + 8 j + 2 t + (e & 1); lse and delta of that query column come from shared memory.
 //   4. dV (64 x D, f32, D / 2 per thread) += P^T dO: R / 16 wgmma m64nDk16, A = P^T from
-//      registers: the fragment of k-step kk (queries 16 kk .. + 15) is S^T's n-tiles 2 kk and
-//      2 kk + 1 packed in pairs, p_frag[kk][r] = pack(s[8 kk + 2 r], s[8 kk + 2 r + 1]) (the
-//      identity the forward uses for P V: C fragment rows g, g + 8 and column pairs 2 t, 8 + 2 t
-//      are the A fragment's a0..a3); B = dO MN-major (the head dim, N, contiguous; k-step kk
-//      starts 16 rows further). Issued before dS^T is computed (kEarlyDv, the default at both
-//      head dims), or after it (kEarlyDv false: the A/B to measure).
+//      registers: k-step kk's fragment is S^T's n-tiles 2 kk, 2 kk + 1 packed in pairs,
+//      p_frag[kk][r] = pack(s[8 kk + 2 r], s[8 kk + 2 r + 1]) (the forward's identity for P V);
+//      B = dO MN-major (k-step kk starts 16 rows further). Issued before dS^T is computed
+//      (kEarlyDv, the default at both head dims), or after it (kEarlyDv false).
 //   5. dS^T = P^T (dP^T - delta), in place in dP^T's registers, packed as P^T was.
 //   6. dS^T (bf16/fp16) to shared memory: the packed pair of rows key_row0 + g + 8 h, query
 //      columns 8 j + 2 t, + 1 is one 4-byte store, j = 2 kk + (r >> 1), h = r & 1.
@@ -40,32 +38,28 @@
 //      D = 128, R = 64: both take the 64 queries, warpgroup wg head dims 64 wg ..): 8 wgmma
 //      m64n64k16 over the 128 keys, A = dS read from the stored dS^T ([key][query], query
 //      contiguous) as an MN-major A (imm-trans-a), B = K ([key][d]) MN-major (imm-trans-b).
+//      With dropout, the next block's keep bits are drawn while dV, dK and dQ run.
 //   9. Wait for all of it; dQ's f32 accumulator to the dQ stage in shared memory (element
 //      dq[4 j + e] is query 64 (row group) + 16 (warp & 3) + g + 8 (e >> 1) of the block, head
 //      dim 64 (column group) + 8 j + 2 t + (e & 1)), in the layout of the workspace rows
 //      m0 .. m0 + kBlockM - 1, with flash_backward.cuh's swizzled_dq_chunk (a warp's 8 rows on
 //      8 chunks: conflict-free 8-byte stores). After the next barrier one thread adds the whole
-//      stage to those rows with one cp.reduce.async.bulk .add.f32 (the TMA unit; 32 KB; per
-//      thread red.global.add stalled on the memory queue, perf/NOTES.md v14). The dq kernel
-//      reads the swizzled workspace; in images without wgmma the mma.sync body writes it so too.
-// Two barriers per query block, as flash_backward.cuh: the one at the top (the block's Q, dO,
-// lse, delta have landed and are fenced for the async proxy; every warpgroup has waited for its
-// previous wgmmas, so the other buffers and the dS^T tile are free; the previous block's dQ is
-// staged: its bulk reduction is issued) and the one before dQ (before it the issuing thread
-// waits until that reduction has read the stage, which the stores after it overwrite). No
-// producer warp, TMA or warpgroup ping-pong (FlashAttention-3 has them): each product is waited
-// for before its result is used, except the overlaps named in 2 and 4.
+//      stage to those rows with one cp.reduce.async.bulk .add.f32 (per thread red.global.add
+//      stalled on the memory queue, v14); the mma.sync body of other images writes it so too.
+// Two barriers per query block: at the top (the block's copies have landed and are fenced for
+// the async proxy; every warpgroup's wgmmas of the last block are done; its staged dQ's bulk
+// reduction is issued) and before dQ (the issuing thread first waits until that reduction has
+// read the stage). No producer warp, TMA or ping-pong (FlashAttention-3 has them).
 //
 // Causal (top-left, key j visible to query i when j <= i): the loop starts at the query block
 // holding the block's first key, as flash_backward.cuh; per warp, only query blocks with
 // m0 < n0 + key_row0 + 15 (some query of the block before some key of the warp) are masked,
 // element by element: query m0 + 8 j + 2 t + (e & 1) < key n0 + key_row0 + g + 8 (e >> 1) gives
-// P = 0, hence dS = 0. Key blocks wholly past the last query row run no loop and write zero dK
-// and dV. Work items go out longest first over the whole grid where flash_common.cuh's
-// longest_first_pays says so, otherwise batch-major: flash_backward.cuh's order.
-// Tails, zero-filled in shared memory (nothing past a tensor's end is read): query rows past L
-// have lse +inf in the padded workspace, so P = dS = 0; key rows past S have finite P and dS but
-// their dK, dV rows are never stored and their dS meets zero rows of K in dQ.
+// P = 0, hence dS = 0. Key blocks past the last query row write zero dK and dV. Work items go
+// out in flash_backward.cuh's order (longest first where longest_first_pays, else batch-major).
+// Tails, zero-filled in shared memory: query rows past L have lse +inf in the padded workspace,
+// so P = dS = 0; key rows past S have finite P and dS but their dK, dV rows are never stored
+// and their dS meets zero rows of K in dQ.
 //
 // Shared memory, 128-byte swizzle (wgmma.cuh; flash_forward_sm90.cuh's sw128_offset): every tile
 // is stored as [columns / 64][rows][64] (128-byte rows, 16-byte chunk c of row r at c ^ (r & 7)):
@@ -74,14 +68,12 @@
 //   dS^T [128 keys][R]      32 KB (D = 64), 16 KB (D = 128)
 //   lse, delta [R] f32, 2 buffers: 2 KB, 1 KB; + 1 KB to align the base to 1024 bytes.
 //   dQ stage [R][D] f32   32 KB (both)
-//   with a mask, its entries [R][128 keys] (mask_slot): 64 KB (D = 64), 32 KB (D = 128) in
-//   float32, half that used in the inputs' dtype (kNarrowMask)
+//   a mask's entries [R][128 keys] (mask_slot): 64 KB (D = 64), 32 KB (128); kNarrowMask half
 //   D = 64: 163 KB, D = 128: 178 KB (227 and 210 with a mask). One CTA per SM (8 warps).
-// Q, dO, lse and delta are double-buffered with cp.async exactly as in flash_backward.cuh. The
-// mask tile is not: each warp copies its 16 keys' entries of the next block by cp.async as soon
-// as step 3 has read this block's (load_mask_part), and the wait at the top takes them (in
-// registers their latency was exposed at D = 64: perf/NOTES.md, v24).
-// Registers (nvcc 13.0, sm_90a): 254-255, no spill plain (masks, dropout: 20-40 bytes; 250 with
+// Q, dO, lse and delta are double-buffered with cp.async as in flash_backward.cuh. The mask
+// tile is not: each warp copies its keys' entries of the next block as soon as step 3 has read
+// this block's (load_mask_part; in registers their latency was exposed: perf/NOTES.md, v24).
+// Registers (nvcc 13.0, sm_90a): 254-255, no spill plain (masks, dropout: 2-64 bytes; 250 with
 // kEarlyDv false); one CTA per SM. Per thread: dK, dV 2 x D / 2 f32 accumulators; S^T, dP^T
 // 2 x R / 2; dQ 32; the packed P^T, dS^T 2 x R / 4. Other images run flash_backward.cuh's body
 // (swizzled dQ addresses). int64_t for lengths and global offsets.
@@ -246,7 +238,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const int slot = g & 3;  // the lane's place among those sharing Philox blocks
   const uint64_t counter_rows8 = 4 * dropout::block_cols(S);  // the counter's step per 8 rows
   static_assert(kQTiles % 2 == 0, "dropout's Philox blocks are drawn for two n-tiles at once");
-  constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;
+  constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;  // 2 at D = 64, 1 at D = 128
   const bool skips = kArgs == kMaskOnly && skips_hidden_blocks(p);
   const bool skips_zero = has_mask && skips_zero_blocks(p);
   const bool quads = has_mask && mask_in_quads(p);
@@ -281,6 +273,24 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       return has_mask && m < L && !(skips_zero && zero_block(p, b, m, BM, n0, BN));
     };
     bool masked = reads_mask(m0);
+    // Dropout's keep bits of query block m: bit i for element s[i]. Tiles j, j + 1 are one
+    // Philox call each for four lanes, whose bit 4 jj + e is element e of tile j + jj. Drawn
+    // for the next block during step 8 (beside S^T they ran 5% slower at D = 64, v29).
+    const auto draw_keep_bits = [&](int64_t m, uint32_t(&bits)[kKeptWords]) {
+      uint64_t counter = dropout::block_counter(b, m + 8 * (slot >> 1) + 2 * t,
+                                                n0 + key_row0 + g + 8 * (slot & 1), L, S);
+#pragma unroll
+      for (int j = 0; j < kQTiles; j += 2, counter += 2 * counter_rows8) {
+        const uint32_t drawn = dropout_keep_bits_at<DropoutPair::kAlongRows>(
+                                   p, keep_threshold, counter, slot) << ((4 * j) % 32);
+        uint32_t& word = bits[(4 * j) / 32];
+        word = (4 * j) % 32 == 0 ? drawn : word | drawn;  // a word's first tiles start it
+      }
+    };
+    uint32_t kept[kKeptWords] = {};
+    if (has_dropout && m0 < L) {
+      draw_keep_bits(m0, kept);
+    }
 
     // K, V of this key block and Q, dO, lse, delta of the first query block: one group.
     load_tile_sw128<F, BN>(k_tile, k + k_read + n0 * E, S - n0, tid, E);
@@ -365,18 +375,6 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       float pairs[8];  // 16-bit, read in step 3: n-tiles j & ~1, j | 1
       if (kArgs != kNoArgs && kPrefetch && masked) {  // uniform
         mask_fragments<T, kNarrowMask>(bias, mask_tile, pair_base, key_row0, g, t);
-      }
-      // Dropout's keep bits, drawn while the products run: bit i for element s[i]. Tiles j, j + 1
-      // are one call each for four lanes, whose bit 4 jj + e is element e of tile j + jj.
-      uint32_t kept[kKeptWords] = {};
-      if (has_dropout) {  // the Philox counter of tiles 0, 1, stepped by 8 rows per tile
-        uint64_t counter = dropout::block_counter(b, m0 + 8 * (slot >> 1) + 2 * t,
-                                                  n0 + key_row0 + g + 8 * (slot & 1), L, S);
-#pragma unroll
-        for (int j = 0; j < kQTiles; j += 2, counter += 2 * counter_rows8) {
-          kept[(4 * j) / 32] |= dropout_keep_bits_at<DropoutPair::kAlongRows>(
-                                    p, keep_threshold, counter, slot) << ((4 * j) % 32);
-        }
       }
       wgmma_wait_group<1>();  // S^T has landed; dP^T may still be in flight
       wgmma_fence_operands(s);
@@ -521,6 +519,9 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
         wgmma_m64n64k16_ss_mn<T>(dq, desc_ds, desc_k, kk > 0);
       }
       wgmma_commit_group();
+      if (has_dropout && following < L) {  // kept's bits of this block are in p_frag, dS^T
+        draw_keep_bits(following, kept);
+      }
       wgmma_wait_group<0>();  // dV, dK and dQ; p_frag and ds_frag are free again
       wgmma_fence_operands(dv_acc);
       wgmma_fence_operands(dk_acc);
