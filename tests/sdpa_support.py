@@ -1,6 +1,6 @@
 """What the SDPA drop-in tests share: seeded inputs, torch's own scaled_dot_product_attention as
 the reference (output and gradients), the peer error rule of flash-attention's tests, and an
-independent Python Philox4x32-10 for the dropout keep mask the spec pins down."""
+independent Python Philox4x32-7 for the dropout keep mask the spec pins down."""
 
 from __future__ import annotations
 
@@ -168,12 +168,15 @@ def peer_check(name, kernel, peer, reference, slack, where, factor=2.0):
 _MASK32 = 0xFFFFFFFF
 
 
-def philox4x32_10(counter, key):
-    """Philox4x32-10 (Salmon et al., SC 2011) on Python ints: four 32-bit counter words, two
-    32-bit key words -> four 32-bit outputs."""
+PHILOX_ROUNDS = 7  # philox.h's kRounds
+
+
+def philox4x32(counter, key, rounds=PHILOX_ROUNDS):
+    """Philox4x32-R (Salmon et al., SC 2011) on Python ints: four 32-bit counter words, two
+    32-bit key words -> four 32-bit outputs after `rounds` rounds."""
     c0, c1, c2, c3 = counter
     k0, k1 = key
-    for _ in range(10):
+    for _ in range(rounds):
         p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
         c0, c1, c2, c3 = (
             (p1 >> 32) ^ c1 ^ k0,
@@ -198,7 +201,7 @@ def keep_mask(seed: int, dropout_p: float, batch: int, len_q: int, len_kv: int):
         for r in range(block_rows):
             for c in range(block_cols):
                 counter = (b * block_rows + r) * block_cols + c
-                words = philox4x32_10((counter & _MASK32, counter >> 32, 0, 0), key)
+                words = philox4x32((counter & _MASK32, counter >> 32, 0, 0), key)
                 for di in range(2):
                     for dj in range(4):
                         i, j = 2 * r + di, 4 * c + dj

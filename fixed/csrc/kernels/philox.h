@@ -1,5 +1,5 @@
 // Dropout's keep mask, the same bits on the CPU and on CUDA: a counter-based generator
-// (Philox4x32-10, Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011) keyed by
+// (Philox4x32-7, Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011) keyed by
 // a seed torch's default generator draws, counted by the element's 2 x 4 block (block_words), a
 // 16-bit uniform per element. The forward and the backward regenerate the same mask from (seed,
 // position): nothing is stored.
@@ -26,13 +26,18 @@ FIXED_ATTENTION_HOST_DEVICE uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t* h
   return static_cast<uint32_t>(product);
 }
 
-// Philox4x32-10's four outputs for counter (c0, c1, 0, 0) and key (k0, k1).
+// Seven rounds, as FlashAttention-2's Philox (SDPA's flash backend) draws its dropout masks;
+// Salmon et al. found Philox4x32-7 Crush-resistant (BigCrush passed) and chose 10 as a safety
+// margin. The rounds are most of dropout's cost in the kernels (perf/NOTES.md, v29).
+constexpr int kRounds = 7;
+
+// Philox4x32-7's four outputs for counter (c0, c1, 0, 0) and key (k0, k1).
 struct Words {
   uint32_t w[4];
 };
 FIXED_ATTENTION_HOST_DEVICE Words philox(uint32_t c0, uint32_t c1, uint32_t k0, uint32_t k1) {
   uint32_t c2 = 0, c3 = 0;
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < kRounds; ++round) {
     uint32_t hi0, hi1;
     const uint32_t lo0 = mulhilo(0xD2511F53u, c0, &hi0);
     const uint32_t lo1 = mulhilo(0xCD9E8D57u, c2, &hi1);
