@@ -36,7 +36,7 @@
 
 #include "attention_problem.cuh"        // AttentionProblem
 #include "flash_backward.cuh"           // launch_flash_backward_mma_sync, detail::backward
-#include "flash_backward_sm90_cta.cuh"  // BackwardTile, wgmma_backward_cta
+#include "flash_backward_sm90_cta.cuh"  // wgmma_backward_cta (and BackwardTile, through it)
 #include "flash_backward_sm90_wide.cuh"  // BackwardTileWide, wgmma_backward_wide_cta
 #include "flash_common.cuh"             // for_score_args, takes_tensor_cores, aligned16, ...
 #include "flash_forward_sm90.cuh"       // current_device_is_sm90

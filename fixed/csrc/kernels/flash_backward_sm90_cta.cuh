@@ -1,7 +1,8 @@
 // The CTA of flash_backward_sm90.cuh's wgmma backward (sm_90a): its tiling, the order of its
-// products, shared memory and registers, the BackwardTile of each head dim, and
-// wgmma_backward_cta, the body of flash_backward_sm90.cuh's kernel in sm_90a images. What the
-// launchers cover, the kernel and the launchers are in flash_backward_sm90.cuh.
+// products, shared memory and registers (the constants of each head dim are BackwardTile, in
+// flash_backward_tiling.cuh), and wgmma_backward_cta, the body of flash_backward_sm90.cuh's
+// kernel in sm_90a images. What the launchers cover, the kernel and the launchers are in
+// flash_backward_sm90.cuh.
 //
 // The gradients are flash_backward.cuh's: P_ij = exp(scale q_i.k_j - lse_i), dP_ij = dO_i.v_j,
 // delta_i = dO_i.O_i, dS_ij = P_ij (dP_ij - delta_i); dV_j = sum_i P_ij dO_i,
@@ -98,55 +99,6 @@ namespace fixed_attention {
 namespace kernels {
 namespace flash {
 namespace sm90 {
-
-// The CTA's shape for head dim 64 or 128.
-template <int kHeadDim_>
-struct BackwardTile {
-  static constexpr int kHeadDim = kHeadDim_;
-  // flash_backward.cuh's tiling of the same CTA shape: the mma.sync body of other images, and
-  // the tiling of the shared prologue and dq kernels and of the workspace rows.
-  using Fallback = std::conditional_t<kHeadDim == 64, BackwardTiling64, BackwardTiling128>;
-  static constexpr int kThreads = 256;                // 2 warpgroups
-  static constexpr int kBlockN = 128;                 // keys per CTA, 64 per warpgroup
-  static constexpr int kBlockM = Fallback::kBlockM;   // queries per loop iteration (R)
-  static constexpr int kChunks = kHeadDim / 8;        // 16-byte chunks per row of Q, K, V, dO
-  static constexpr int kQTiles = kBlockM / 8;         // 8-query n-tiles of S^T, dP^T
-  static constexpr int kQSteps = kBlockM / 16;        // k-steps of dV, dK (queries)
-  static constexpr int kDTiles = kHeadDim / 8;        // 8-wide n-tiles of dV, dK
-  static constexpr int kKeySteps = kBlockN / 16;      // k-steps of dQ (keys)
-  // dQ: one 64 x 64 tile per warpgroup: kBlockM / 64 row groups x kHeadDim / 64 column groups.
-  static constexpr int kDqRowGroups = kBlockM / 64;
-  // dV += P^T dO issued before dS^T is computed (overlapping it), at the price of holding the
-  // P^T fragments and S^T together with dP^T. ptxas (nvcc 13.0) fits both orders at both head
-  // dims without spills (perf/NOTES.md, v13); false is the A/B to run on a GPU.
-  static constexpr bool kEarlyDv = true;
-  // The warpgroup index read from lane 0 (CUTLASS's canonical_warp_group_idx), so that the
-  // descriptors of K, V and dQ are computed in uniform registers: measured on an H200 at S = 4096
-  // (perf/NOTES.md, v15), 4-5% faster at D = 64 and 1-3% slower at D = 128.
-  static constexpr bool kUniformWarpgroup = kHeadDim == 64;
-  static constexpr uint32_t kRowBytes = 128;                     // one 64-element run
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;   // K or V
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;    // one buffer of Q or dO
-  static constexpr uint32_t kDsBytes = kBlockN * kBlockM * 2;    // dS^T
-  static constexpr uint32_t kStatsBytes = 2 * kBlockM * 4;       // one buffer of lse, delta
-  static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * 4;   // the staged f32 dQ block
-  static constexpr std::size_t kWgmmaSmemBytes =
-      2 * kKVBytes + 4 * kQBytes + kDsBytes + 2 * kStatsBytes + kDqBytes + 1024;
-  static constexpr std::size_t kSmemBytes = kWgmmaSmemBytes > Fallback::kSmemBytes
-                                                ? kWgmmaSmemBytes
-                                                : Fallback::kSmemBytes;
-  // With a mask: its entries of one block, [kBlockM queries][kBlockN keys] (mask_slot), room
-  // for float32.
-  static constexpr uint32_t kMaskBytes = kBlockM * kBlockN * 4;
-  static constexpr std::size_t kMaskedSmemBytes = kSmemBytes + kMaskBytes;
-
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element runs per row");
-  static_assert(kBlockM == 64 || kBlockM == 128, "wgmma N of S^T: 64 or 128 queries");
-  static_assert(kDqRowGroups * (kHeadDim / 64) == 2, "one 64 x 64 dQ tile per warpgroup");
-  static_assert(Fallback::kThreads == kThreads && Fallback::kBlockN == kBlockN,
-                "the mma.sync body runs on the same grid and block");
-  static_assert(kMaskedSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
-};
 
 // S^T or dP^T: D (64 x kBlockM) = A B over one k-step, A and B K-major.
 template <typename T, int kBlockM>
