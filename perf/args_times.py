@@ -1,0 +1,146 @@
+"""Forward and forward+backward times of fixed and SDPA's default for the args rows a kernel
+change moves (bf16, H = 16; CUDA events, 3 warm-up calls, the median of 20), printed one row per
+case with SDPA's time over fixed's. The instrument of perf/NOTES.md's A/B runs (v27-v29): build
+two checkouts side by side on one GPU and run it in each, alternating (A, B, A, B), so that both
+see the same machine. `make bench` stays the record; this is the quick comparison. Needs a CUDA
+GPU and fixed/ built for it; from the repository root:
+
+    python perf/args_times.py [--cases masks,dropout,plain]
+
+`--once CASE` runs one forward+backward of a case and nothing else, for a profiler (ncu) to
+catch its kernels: `ncu --kernel-name regex:flash_backward python perf/args_times.py --once
+dropout-64`."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADS = 16
+
+# name: (batch, seq, head dim, mask kind, dropout_p), grouped as --cases takes them.
+CASES = {
+    "masks": {
+        "float-64-2048": (4, 2048, 64, "float", 0.0),
+        "float-64-8192": (1, 8192, 64, "float", 0.0),
+        "float-128-2048": (4, 2048, 128, "float", 0.0),
+        "float-128-8192": (1, 8192, 128, "float", 0.0),
+        "bool-64-2048": (4, 2048, 64, "bool", 0.0),
+        "bool-64-8192": (1, 8192, 64, "bool", 0.0),
+    },
+    "dropout": {
+        "dropout-64": (4, 2048, 64, None, 0.1),
+        "dropout-64-8192": (1, 8192, 64, None, 0.1),
+        "dropout-128": (4, 2048, 128, None, 0.1),
+        "dropout-128-8192": (1, 8192, 128, None, 0.1),
+    },
+    "plain": {
+        "plain-64": (4, 2048, 64, None, 0.0),
+        "plain-128": (4, 2048, 128, None, 0.0),
+    },
+}
+ALL_CASES = {name: case for group in CASES.values() for name, case in group.items()}
+
+
+def inputs(batch, seq, dim, mask_kind):
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, grad = (
+        torch.randn(
+            batch, HEADS, seq, dim, device="cuda", dtype=torch.bfloat16, generator=generator
+        )
+        for _ in range(4)
+    )
+    mask = None
+    if mask_kind == "float":  # the bench's: a bias per (query, key), shared by batch and heads
+        mask = torch.randn(1, 1, seq, seq, device="cuda", dtype=torch.bfloat16, generator=generator)
+    elif mask_kind == "bool":  # the bench's: the causal mask as a tensor
+        mask = torch.ones(seq, seq, dtype=torch.bool, device="cuda").tril()
+    return [t.requires_grad_() for t in (q, k, v)], grad, mask
+
+
+def median_ms(fn, reps=20):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def calls(attention, q, k, v, grad, mask, dropout_p):
+    """The forward alone (no graph) and the forward+backward of one attention function."""
+
+    def forward():
+        with torch.no_grad():
+            attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+    def forward_backward():
+        attention(q, k, v, attn_mask=mask, dropout_p=dropout_p).backward(grad)
+
+    return forward, forward_backward
+
+
+def time_case(name, batch, seq, dim, mask_kind, dropout_p):
+    import fixed  # after the GPU check: importing fixed builds its operator
+
+    (q, k, v), grad, mask = inputs(batch, seq, dim, mask_kind)
+    result = {}
+    for label, attention in (
+        ("fixed", fixed.fast_attention),
+        ("sdpa", F.scaled_dot_product_attention),
+    ):
+        forward, forward_backward = calls(attention, q, k, v, grad, mask, dropout_p)
+        result[label] = (median_ms(forward), median_ms(forward_backward))
+    (fwd, both), (sdpa_fwd, sdpa_both) = result["fixed"], result["sdpa"]
+    print(
+        f"{name:18s} ({batch}, {HEADS}, {seq}, {dim}): fwd {fwd:.4f} ms vs SDPA {sdpa_fwd:.4f} "
+        f"({sdpa_fwd / fwd:.2f}x)  fwd+bwd {both:.4f} vs {sdpa_both:.4f} ({sdpa_both / both:.2f}x)",
+        flush=True,
+    )
+
+
+def run_once(name):
+    import fixed
+
+    batch, seq, dim, mask_kind, dropout_p = ALL_CASES[name]
+    (q, k, v), grad, mask = inputs(batch, seq, dim, mask_kind)
+    fixed.fast_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p).backward(grad)
+    torch.cuda.synchronize()
+    print(f"{name}: one forward+backward done")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="masks,dropout,plain", help="groups: " + ",".join(CASES))
+    parser.add_argument("--once", choices=sorted(ALL_CASES), help="one forward+backward of a case")
+    args = parser.parse_args(argv)
+    groups = [group for group in args.cases.split(",") if group]
+    unknown = [group for group in groups if group not in CASES]
+    if unknown:
+        parser.error(f"unknown case group {unknown[0]!r}; choose from {', '.join(CASES)}")
+    if not torch.cuda.is_available():
+        print("args_times: needs a CUDA GPU; torch sees none", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT))
+    if args.once:
+        run_once(args.once)
+        return 0
+    for group in groups:
+        for name, case in CASES[group].items():
+            time_case(name, *case)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
