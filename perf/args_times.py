@@ -5,7 +5,7 @@ two checkouts side by side on one GPU and run it in each, alternating (A, B, A, 
 see the same machine. `make bench` stays the record; this is the quick comparison. Needs a CUDA
 GPU and fixed/ built for it; from the repository root:
 
-    python perf/args_times.py [--cases masks,dropout,plain]
+    python perf/args_times.py [--cases masks,dropout,plain,causal]
 
 `--once CASE` runs one forward+backward of a case and nothing else, for a profiler (ncu) to
 catch its kernels: `ncu --kernel-name regex:flash_backward python perf/args_times.py --once
@@ -24,7 +24,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = 16
 
-# name: (batch, seq, head dim, mask kind, dropout_p), grouped as --cases takes them.
+# name: (batch, seq, head dim, mask kind, dropout_p), grouped as --cases takes them. Mask kinds:
+# "float", "bool" (tensors), "causal" (is_causal=True), None.
 CASES = {
     "masks": {
         "float-64-2048": (4, 2048, 64, "float", 0.0),
@@ -43,6 +44,13 @@ CASES = {
     "plain": {
         "plain-64": (4, 2048, 64, None, 0.0),
         "plain-128": (4, 2048, 128, None, 0.0),
+        "plain-64-8192": (1, 8192, 64, None, 0.0),
+        "plain-128-8192": (1, 8192, 128, None, 0.0),
+    },
+    "causal": {
+        "causal-64": (4, 2048, 64, "causal", 0.0),
+        "causal-128": (4, 2048, 128, "causal", 0.0),
+        "causal-128-8192": (1, 8192, 128, "causal", 0.0),
     },
 }
 ALL_CASES = {name: case for group in CASES.values() for name, case in group.items()}
@@ -61,6 +69,8 @@ def inputs(batch, seq, dim, mask_kind):
         mask = torch.randn(1, 1, seq, seq, device="cuda", dtype=torch.bfloat16, generator=generator)
     elif mask_kind == "bool":  # the bench's: the causal mask as a tensor
         mask = torch.ones(seq, seq, dtype=torch.bool, device="cuda").tril()
+    elif mask_kind == "causal":
+        mask = "causal"  # calls() passes is_causal=True
     return [t.requires_grad_() for t in (q, k, v)], grad, mask
 
 
@@ -81,12 +91,15 @@ def median_ms(fn, reps=20):
 def calls(attention, q, k, v, grad, mask, dropout_p):
     """The forward alone (no graph) and the forward+backward of one attention function."""
 
+    causal = isinstance(mask, str)
+    arguments = {"attn_mask": None if causal else mask, "dropout_p": dropout_p, "is_causal": causal}
+
     def forward():
         with torch.no_grad():
-            attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            attention(q, k, v, **arguments)
 
     def forward_backward():
-        attention(q, k, v, attn_mask=mask, dropout_p=dropout_p).backward(grad)
+        attention(q, k, v, **arguments).backward(grad)
 
     return forward, forward_backward
 
@@ -115,14 +128,14 @@ def run_once(name):
 
     batch, seq, dim, mask_kind, dropout_p = ALL_CASES[name]
     (q, k, v), grad, mask = inputs(batch, seq, dim, mask_kind)
-    fixed.fast_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p).backward(grad)
+    calls(fixed.fast_attention, q, k, v, grad, mask, dropout_p)[1]()
     torch.cuda.synchronize()
     print(f"{name}: one forward+backward done")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="masks,dropout,plain", help="groups: " + ",".join(CASES))
+    parser.add_argument("--cases", default="masks,dropout,plain,causal", help=", ".join(CASES))
     parser.add_argument("--once", choices=sorted(ALL_CASES), help="one forward+backward of a case")
     args = parser.parse_args(argv)
     groups = [group for group in args.cases.split(",") if group]
