@@ -309,16 +309,16 @@ using BackwardMainKernel = void(const T*, const T*, const T*, const T*, const fl
                                 const int64_t, const bool);
 
 // The backward's three launches on `stream`: the prologue and dq kernels of tiling F, and
-// `kernel` (F's flash_backward_kernel, or a kernel of F's CTA shape: kThreads threads, blocks
-// of kBlockN keys, F::kDimParts work items each, the workspace padded to F::kBlockM rows) with
-// `smem_bytes` of dynamic shared memory; kSwizzledDq: `kernel` leaves the dQ accumulator
-// swizzled (swizzled_dq_chunk); kAsIs: E and Ev from the problem (the rows of dQ, dO, O), else
-// F's D. After a failed launch it stops, leaving the error for the caller's launch check.
-template <typename T, class F, bool kSwizzledDq = false, bool kAsIs = false>
-void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* dout, const T* q,
-              const T* k, const T* v, const T* out, const float* lse, float* lse_log2,
-              float* delta, float* dq_accum, T* dq, T* dk, T* dv, const AttentionProblem& p,
-              cudaStream_t stream) {
+// between them the main kernel, launched by `launch_main(grid, rows, longest_first)`: F's
+// flash_backward_kernel, or a kernel of F's CTA shape (kThreads threads, blocks of kBlockN keys,
+// F::kDimParts work items each, the workspace padded to F::kBlockM rows, which are `rows`);
+// kSwizzledDq: it leaves the dQ accumulator swizzled (swizzled_dq_chunk); kAsIs: E and Ev from
+// the problem (the rows of dQ, dO, O), else F's D. After a failed launch it stops, leaving the
+// error for the caller's launch check.
+template <typename T, class F, bool kSwizzledDq, bool kAsIs, class LaunchMain>
+void backward_launches(const LaunchMain& launch_main, const T* dout, const T* out,
+                       const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
+                       const AttentionProblem& p, cudaStream_t stream) {
   const int64_t rows = padded_rows<F>(p.len_q);
   constexpr int kRowsPerBlock = kRowKernelThreads / F::kChunks;
   flash_backward_prologue_kernel<T, F::kHeadDim, kAsIs>
@@ -328,7 +328,6 @@ void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* do
   if (cudaPeekAtLastError() != cudaSuccess) {
     return;
   }
-  kernels::detail::allow_shared_memory(kernel, smem_bytes);
   const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN) * F::kDimParts;
   // The streams: Q and dO, and the float32 dQ accumulator the kernel adds to once per key block:
   // a kernel of 64-key blocks (the wide one) adds twice as often per FLOP as the 128-key ones
@@ -336,8 +335,7 @@ void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* do
   const int64_t streamed_dims = p.head_dim * (128 / F::kBlockN);
   const bool longest_first = (p.causal && longest_first_pays(p.batch, p.len_q, streamed_dims)) ||
                              mask_shared_by_neighbours(p);
-  kernel<<<kernels::detail::grid_for(work), F::kThreads, smem_bytes, stream>>>(
-      q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p, rows, longest_first);
+  launch_main(kernels::detail::grid_for(work), rows, longest_first);
   if (cudaPeekAtLastError() != cudaSuccess) {
     return;
   }
@@ -347,6 +345,21 @@ void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* do
                                             kRowKernelThreads)),
          kRowKernelThreads, 0, stream>>>(dq_accum, dq, p.batch, p.len_q, rows, p.scale,
                                          dq_columns);
+}
+
+// backward_launches with `kernel` as the main kernel, `smem_bytes` of dynamic shared memory.
+template <typename T, class F, bool kSwizzledDq = false, bool kAsIs = false>
+void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* dout, const T* q,
+              const T* k, const T* v, const T* out, const float* lse, float* lse_log2,
+              float* delta, float* dq_accum, T* dq, T* dk, T* dv, const AttentionProblem& p,
+              cudaStream_t stream) {
+  const auto launch_main = [&](unsigned grid, int64_t rows, bool longest_first) {
+    kernels::detail::allow_shared_memory(kernel, smem_bytes);
+    kernel<<<grid, F::kThreads, smem_bytes, stream>>>(q, k, v, dout, lse_log2, delta, dq_accum,
+                                                      dk, dv, p, rows, longest_first);
+  };
+  backward_launches<T, F, kSwizzledDq, kAsIs>(launch_main, dout, out, lse, lse_log2, delta,
+                                              dq_accum, dq, p, stream);
 }
 
 }  // namespace detail

@@ -32,6 +32,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "attention_problem.cuh"        // AttentionProblem
@@ -40,17 +42,25 @@
 #include "flash_backward_sm90_wide.cuh"  // BackwardTileWide, wgmma_backward_wide_cta
 #include "flash_common.cuh"             // for_score_args, takes_tensor_cores, aligned16, ...
 #include "flash_forward_sm90.cuh"       // current_device_is_sm90
+#include "sm90_pipeline.cuh"            // tensor maps
 
 namespace fixed_attention {
 namespace kernels {
 namespace flash {
 namespace sm90 {
 
+#if FIXED_HAS_TENSOR_MAPS
 // kAsIs: E and Ev read from the problem (at most D, multiples of 8), else D at compile time (the
 // code E = Ev = D had before kAsIs existed: reading them at run time made it 5-9% slower).
+// The wgmma body loads Q, K, V and dO through the tensor maps, the mma.sync body through the
+// pointers.
 template <typename T, class F, int kArgs, bool kAsIs, bool kNarrowMask>
 __global__ void __launch_bounds__(F::kThreads, 1)
-    flash_backward_sm90_kernel(const T* __restrict__ q,             // (B, L, E)
+    flash_backward_sm90_kernel(const __grid_constant__ CUtensorMap q_map,   // (B, L, E)
+                               const __grid_constant__ CUtensorMap k_map,   // (B / group, S, E)
+                               const __grid_constant__ CUtensorMap v_map,   // (B / group, S, Ev)
+                               const __grid_constant__ CUtensorMap do_map,  // (B, L, Ev)
+                               const T* __restrict__ q,             // (B, L, E)
                                const T* __restrict__ k,             // (B, S, E)
                                const T* __restrict__ v,             // (B, S, Ev)
                                const T* __restrict__ dout,          // (B, L, Ev)
@@ -62,8 +72,9 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                                const AttentionProblem p, const int64_t rows_padded,
                                const bool longest_first) {  // causal work order
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  wgmma_backward_cta<T, F, kArgs, kAsIs, kNarrowMask>(q, k, v, dout, lse_log2, delta, dq_accum,
-                                                      dk, dv, p, rows_padded, longest_first);
+  wgmma_backward_cta<T, F, kArgs, kAsIs, kNarrowMask>(&q_map, &k_map, &v_map, &do_map, lse_log2,
+                                                      delta, dq_accum, dk, dv, p, rows_padded,
+                                                      longest_first);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (kAsIs) {
     // The mma.sync body reads D columns: a marker for the launcher instead (has_sm90a_image:
@@ -81,6 +92,7 @@ __global__ void __launch_bounds__(F::kThreads, 1)
   }
 #endif
 }
+#endif  // FIXED_HAS_TENSOR_MAPS
 
 // Head dims over 128 (flash_backward_sm90_wide.cuh): sm_90a only. Other images hold a marker
 // for the launcher (has_sm90a_image) and a trap, were it launched all the same.
@@ -107,11 +119,12 @@ __global__ void __launch_bounds__(BackwardTileWide::kThreads, 1)
 
 // Launches the three kernels (prologue, this main kernel, dq) on `stream`, or returns false
 // having launched nothing when no image of the kernel that can take the problem exists for the
-// device (sm_80+; with kAsIs, sm_90a).
+// device (sm_80+; with kAsIs, sm_90a) or TMA cannot read its tensors.
 template <typename T, class F, bool kAsIs>
 bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
                      const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
                      T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
+#if FIXED_HAS_TENSOR_MAPS
   auto* kernel =
       p.mask_in_input_dtype
           ? for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs, kAsIs, false>,
@@ -128,11 +141,33 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
         "fixed_attention kernels: a mask in the inputs' dtype needs contiguous keys and "
         "16-byte aligned rows");
   }
+  constexpr int64_t kMaxCoordinate = std::numeric_limits<int32_t>::max();  // TMA's coordinates
+  if (p.kv_group <= 0 || p.batch % p.kv_group != 0 || p.len_q > kMaxCoordinate ||
+      p.len_kv > kMaxCoordinate || p.batch > kMaxCoordinate || !detail::aligned16(lse_log2) ||
+      !detail::aligned16(delta)) {
+    return false;
+  }
+  CUtensorMap q_map, k_map, v_map, do_map;
+  const int64_t kv_items = p.batch / p.kv_group, E = p.head_dim, Ev = value_dim(p);
+  if (!encode_rows_map(&q_map, q, p.batch, p.len_q, E, F::kBlockM) ||
+      !encode_rows_map(&k_map, k, kv_items, p.len_kv, E, F::kBlockN) ||
+      !encode_rows_map(&v_map, v, kv_items, p.len_kv, Ev, F::kBlockN) ||
+      !encode_rows_map(&do_map, dout, p.batch, p.len_q, Ev, F::kBlockM)) {
+    return false;
+  }
   const std::size_t smem = p.mask != nullptr ? F::kMaskedSmemBytes : F::kSmemBytes;
-  detail::backward<T, typename F::Fallback, true, kAsIs>(kernel, smem, dout, q, k, v, out, lse,
-                                                         lse_log2, delta, dq_accum, dq, dk, dv, p,
-                                                         stream);
+  const auto launch_main = [&](unsigned grid, int64_t rows, bool longest_first) {
+    kernels::detail::allow_shared_memory(kernel, smem);
+    kernel<<<grid, F::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, q, k, v, dout,
+                                                lse_log2, delta, dq_accum, dk, dv, p, rows,
+                                                longest_first);
+  };
+  detail::backward_launches<T, typename F::Fallback, true, kAsIs>(
+      launch_main, dout, out, lse, lse_log2, delta, dq_accum, dq, p, stream);
   return true;
+#else  // a toolkit without tensor maps (nor wgmma)
+  return false;
+#endif
 }
 
 // The head dim D of the wgmma tile that takes the problem's E and Ev as they are (multiples of

@@ -44,13 +44,17 @@
 //      dq[4 j + e] is query 64 (row group) + 16 (warp & 3) + g + 8 (e >> 1) of the block, head
 //      dim 64 (column group) + 8 j + 2 t + (e & 1)), in the layout of the workspace rows
 //      m0 .. m0 + kBlockM - 1, with flash_backward.cuh's swizzled_dq_chunk (a warp's 8 rows on
-//      8 chunks: conflict-free 8-byte stores). After the next barrier one thread adds the whole
+//      8 chunks: conflict-free 8-byte stores). After the next barrier thread 0 adds the whole
 //      stage to those rows with one cp.reduce.async.bulk .add.f32 (per thread red.global.add
 //      stalled on the memory queue, v14); the mma.sync body of other images writes it so too.
-// Two barriers per query block: at the top (the block's copies have landed and are fenced for
-// the async proxy; every warpgroup's wgmmas of the last block are done; its staged dQ's bulk
-// reduction is issued) and before dQ (the issuing thread first waits until that reduction has
-// read the stage). No producer warp, TMA or ping-pong (FlashAttention-3 has them).
+// Loads: thread 0 issues TMA for K and V once per item, and for Q, dO (lse, delta by 1-D bulk
+// copies) one block ahead into two buffers; mbarriers tell when a buffer has landed (full) and
+// when all 8 warps are done with it (empty). One CTA barrier per query block, before dQ (both
+// warpgroups' dS^T stored, the last block's dQ staged). dS^T has two buffers, so that one
+// warpgroup stores the next block's while the other may still read this one's in dQ (at D = 64
+// with a mask, one, and a second barrier before its stores); the stage is rewritten once thread
+// 0 has seen the bulk reduction read it (stage_free). No producer warp, setmaxnreg or
+// ping-pong (FlashAttention-3 has them: perf/NOTES.md, issue 30's plan for the backward).
 //
 // Causal (top-left, key j visible to query i when j <= i): the loop starts at the query block
 // holding the block's first key, as flash_backward.cuh; per warp, only query blocks with
@@ -58,26 +62,18 @@
 // element by element: query m0 + 8 j + 2 t + (e & 1) < key n0 + key_row0 + g + 8 (e >> 1) gives
 // P = 0, hence dS = 0. Key blocks past the last query row write zero dK and dV. Work items go
 // out in flash_backward.cuh's order (longest first where longest_first_pays, else batch-major).
-// Tails, zero-filled in shared memory: query rows past L have lse +inf in the padded workspace,
+// Tails, zero-filled by TMA: query rows past L have lse +inf in the padded workspace,
 // so P = dS = 0; key rows past S have finite P and dS but their dK, dV rows are never stored
 // and their dS meets zero rows of K in dQ.
 //
-// Shared memory, 128-byte swizzle (wgmma.cuh; flash_forward_sm90.cuh's sw128_offset): every tile
-// is stored as [columns / 64][rows][64] (128-byte rows, 16-byte chunk c of row r at c ^ (r & 7)):
-//   K, V [128 keys][D]      2 x 16 KB (D = 64), 2 x 32 KB (D = 128)
-//   Q, dO [R][D], 2 buffers 4 x 16 KB (both)
-//   dS^T [128 keys][R]      32 KB (D = 64), 16 KB (D = 128)
-//   lse, delta [R] f32, 2 buffers: 2 KB, 1 KB; + 1 KB to align the base to 1024 bytes.
-//   dQ stage [R][D] f32   32 KB (both)
-//   a mask's entries [R][128 keys] (mask_slot): 64 KB (D = 64), 32 KB (128); kNarrowMask half
-//   D = 64: 163 KB, D = 128: 178 KB (227 and 210 with a mask). One CTA per SM (8 warps).
-// Q, dO, lse and delta are double-buffered with cp.async as in flash_backward.cuh. The mask
-// tile is not: each warp copies its keys' entries of the next block as soon as step 3 has read
-// this block's (load_mask_part; in registers their latency was exposed: perf/NOTES.md, v24).
-// Registers (nvcc 13.0, sm_90a): 254-255, no spill plain (masks, dropout: 2-64 bytes; 250 with
-// kEarlyDv false); one CTA per SM. Per thread: dK, dV 2 x D / 2 f32 accumulators; S^T, dP^T
-// 2 x R / 2; dQ 32; the packed P^T, dS^T 2 x R / 4. Other images run flash_backward.cuh's body
-// (swizzled dQ addresses). int64_t for lengths and global offsets.
+// Shared memory (BackwardTile, flash_backward_tiling.cuh, lists it): K, V; Q, dO, lse, delta
+// and dS^T in two buffers each; the dQ stage; a mask's entries of one block. The mask tile has
+// one buffer: each warp copies its keys' entries of the next block by cp.async as soon as step
+// 3 has read this block's (load_mask_part; in registers their latency was exposed:
+// perf/NOTES.md, v24). Registers (nvcc 13.0, sm_90a): 254-255, no spill plain (masks, dropout:
+// 8-104 bytes); one CTA per SM (8 warps). Per thread: dK, dV 2 x D / 2 f32 accumulators; S^T,
+// dP^T 2 x R / 2; dQ 32; the packed P^T, dS^T 2 x R / 4. Other images run flash_backward.cuh's
+// body (swizzled dQ addresses). int64_t for lengths and global offsets.
 #ifndef FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
 #define FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
 
@@ -92,7 +88,8 @@
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
 #include "flash_backward.cuh"      // prologue and dq kernels, flash_backward_cta, tilings
 #include "flash_common.cuh"        // cp.async, exp2, pack2, red.global.add, ...
-#include "flash_forward_sm90.cuh"  // sw128_offset, load_tile_sw128, current_device_is_sm90
+#include "flash_forward_sm90.cuh"  // sw128_offset, current_device_is_sm90
+#include "sm90_pipeline.cuh"       // mbarriers, TMA loads
 #include "wgmma.cuh"               // wgmma.mma_async and descriptors
 
 namespace fixed_attention {
@@ -100,37 +97,16 @@ namespace kernels {
 namespace flash {
 namespace sm90 {
 
-// S^T or dP^T: D (64 x kBlockM) = A B over one k-step, A and B K-major.
-template <typename T, int kBlockM>
-__device__ __forceinline__ void wgmma_scores(float (&d)[kBlockM / 2], uint64_t desc_a,
-                                             uint64_t desc_b, bool accumulate) {
-  if constexpr (kBlockM == 128) {
-    wgmma_m64n128k16_ss<T>(d, desc_a, desc_b, accumulate);
-  } else {
-    wgmma_m64n64k16_ss<T>(d, desc_a, desc_b, accumulate);
-  }
-}
-
-// dV or dK: D (64 x kHeadDim) += A B over one k-step, A from registers, B MN-major.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void wgmma_grad(float (&d)[kHeadDim / 2], const uint32_t (&a)[4],
-                                           uint64_t desc_b) {
-  if constexpr (kHeadDim == 128) {
-    wgmma_m64n128k16_rs<T>(d, a, desc_b);
-  } else {
-    wgmma_m64n64k16_rs<T>(d, a, desc_b);
-  }
-}
-
+#if FIXED_HAS_TENSOR_MAPS
 // The wgmma body: every work item of the grid-stride loop (sm_90a images only). kArgs: the
 // instantiation that reads the mask and draws dropout, as flash_backward_cta's; kAsIs: E and Ev
 // from the problem, else D; kNarrowMask: the mask's entries in T (AttentionProblem::
 // mask_in_input_dtype), else float32 (one form per instance: both in one spilled 250 bytes more).
 template <typename T, class F, int kArgs, bool kAsIs, bool kNarrowMask>
-__device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     // (B, L, E)
-                                                   const T* __restrict__ k,     // (B, S, E)
-                                                   const T* __restrict__ v,     // (B, S, Ev)
-                                                   const T* __restrict__ dout,  // (B, L, Ev)
+__device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   // (B, L, E)
+                                                   const CUtensorMap* k_map,   // (B / g, S, E)
+                                                   const CUtensorMap* v_map,   // (B / g, S, Ev)
+                                                   const CUtensorMap* do_map,  // (B, L, Ev)
                                                    const float* __restrict__ lse_log2,  // (B, Lp)
                                                    const float* __restrict__ delta,     // (B, Lp)
                                                    float* __restrict__ dq_accum,  // (B, Lp, D)
@@ -152,7 +128,22 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const uint32_t ds_tile = do_tiles + 2 * F::kQBytes;  // [BM / 64][BN][64]
   const uint32_t stats = ds_tile + F::kDsBytes;        // 2 x (lse [BM], delta [BM])
   const uint32_t dq_stage = stats + 2 * F::kStatsBytes;  // [BM][D] f32, swizzled_dq_chunk
-  const uint32_t mask_tile = dq_stage + F::kDqBytes;     // [BM][BN] (mask_slot)
+  // Then dS^T's second buffer and the mask's tile [BM][BN] (mask_slot); at D = 64 with a mask,
+  // the mask's tile in place of that buffer (kMaskedDsSingle).
+  const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
+  const bool ds_single = F::kMaskedDsSingle && has_mask;
+  const uint32_t ds_second = dq_stage + F::kDqBytes;
+  const uint32_t mask_tile = ds_second + (ds_single ? 0u : F::kDsBytes);
+  // The mbarriers: below the tiles where aligning them left room, else past them (the launch's
+  // 1024 spare bytes hold either way). full[c] / empty[c]: buffer c of Q, dO, lse and delta has
+  // landed / every warp is done with it; kv_full: K and V have landed; stage_free: the bulk
+  // reduction of the staged dQ has read it.
+  const uint32_t barriers = k_tile - smem_base >= F::kBarrierBytes
+                                ? smem_base
+                                : mask_tile + (has_mask ? F::kMaskBytes : 0u);
+  const auto full = [&](uint32_t c) { return barriers + 8 * c; };
+  const auto empty = [&](uint32_t c) { return barriers + 16 + 8 * c; };
+  const uint32_t kv_full = barriers + 32, stage_free = barriers + 40;
   // The K tile through a generic pointer, for the epilogue's 16-byte reads.
   const unsigned char* const kv_bytes =
       reinterpret_cast<const unsigned char*>(sm90_bwd_smem) + (k_tile - smem_base);
@@ -183,7 +174,6 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const float scale_log2 = p.scale * kLog2e;  // any sign; 0 gives P = 2^-lse, as the mma.sync body
   // The mask enters P's exponent beside lse; dropout's Z scales P in dV and dP in dS. Z is kept
   // as one bit per score element between steps 3 and 5 (kQTiles * 4 of them per thread).
-  const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
   const bool has_dropout = kArgs == kMaskAndDropout && p.dropout_p > 0.f;
   const float keep_scale = dropout_scale(p.dropout_p);
   const uint32_t keep_threshold = dropout::threshold(p.dropout_p);
@@ -196,16 +186,46 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
   const bool quads = has_mask && mask_in_quads(p);
   const uint32_t pair_base = mask_pair_base(mask_tile, key_row0, lane);  // kNarrowMask
 
-  for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
+  if (tid == 0) {
+    mbarrier_init(full(0), 1);
+    mbarrier_init(full(1), 1);
+    mbarrier_init(empty(0), F::kThreads / 32);  // one arrival per warp
+    mbarrier_init(empty(1), F::kThreads / 32);
+    mbarrier_init(kv_full, 1);
+    mbarrier_init(stage_free, 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  // Query blocks computed so far over all of this CTA's items (block `blocks` uses buffer
+  // blocks & 1 of Q, dO, lse, delta), and items so far.
+  uint32_t blocks = 0, items = 0;
+  // Thread 0 loads query block m (the CTA's block number `number`) into buffer number & 1, once
+  // every warp is done with its last use (block number - 2): Q, dO (past L: zeros), lse, delta.
+  const auto load_query_block = [&](int64_t b, int64_t m, uint32_t number) {
+    const uint32_t c = number & 1u;
+    mbarrier_wait(empty(c), ((number >> 1) & 1u) ^ 1u);  // round 0: free at once
+    mbarrier_arrive_expect_tx(full(c), 2 * F::kQBytes + F::kStatsBytes);
+#pragma unroll
+    for (int run = 0; run < D / 64; ++run) {
+      const uint32_t to = c * F::kQBytes + static_cast<uint32_t>(run) * BM * kRowBytes;
+      tma_load_3d(q_tiles + to, q_map, 64 * run, static_cast<int>(m), static_cast<int>(b),
+                  full(c));
+      tma_load_3d(do_tiles + to, do_map, 64 * run, static_cast<int>(m), static_cast<int>(b),
+                  full(c));
+    }
+    const uint32_t stats_c = stats + c * F::kStatsBytes;
+    bulk_load(stats_c, lse_log2 + b * rows_padded + m, BM * 4, full(c));
+    bulk_load(stats_c + BM * 4, delta + b * rows_padded + m, BM * 4, full(c));
+  };
+
+  for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x, ++items) {
     const int64_t b = longest_first ? item % p.batch : item / key_blocks;
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
     using MaskEntry = std::conditional_t<kNarrowMask, uint16_t, float>;
     const MaskEntry* const mask_b = has_mask ? mask_slice_of<MaskEntry>(p, b) : nullptr;
-    // Where dK and dV go (per batch item, also under GQA), K and V (under GQA, its group's).
-    // Without kAsIs, one product for both: E = Ev = D then compiles as it did before kAsIs.
+    // Where dK and dV go (per batch item, also under GQA). Without kAsIs, one product for both:
+    // E = Ev = D then compiles as it did before kAsIs.
     const int64_t dk_b = b * S * E, dv_b = kAsIs ? b * S * Ev : dk_b;
-    const int64_t k_read = (b / p.kv_group) * S * E;
-    const int64_t v_read = kAsIs ? (b / p.kv_group) * S * Ev : k_read;
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
     const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
     // The next query block after the one at m that the mask does not hide entirely for these
@@ -244,19 +264,27 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       draw_keep_bits(m0, kept);
     }
 
-    // K, V of this key block and Q, dO, lse, delta of the first query block: one group.
-    load_tile_sw128<F, BN>(k_tile, k + k_read + n0 * E, S - n0, tid, E);
-    load_tile_sw128<F, BN>(v_tile, v + v_read + n0 * Ev, S - n0, tid, Ev);
-    if (m0 < L) {
-      load_tile_sw128<F, BM>(q_tiles, q + (b * L + m0) * E, L - m0, tid, E);
-      load_tile_sw128<F, BM>(do_tiles, dout + (b * L + m0) * Ev, L - m0, tid, Ev);
-      load_row_stats<BM>(stats, stats + BM * 4, lse_log2 + b * rows_padded + m0,
-                         delta + b * rows_padded + m0, tid);
+    // K, V of this key block (past S: zeros) and the first query block, by TMA; each warp's
+    // part of the mask's tile by cp.async.
+    if (tid == 0) {
+      const int kv_item = static_cast<int>(b / p.kv_group);
+      mbarrier_arrive_expect_tx(kv_full, 2 * F::kKVBytes);
+#pragma unroll
+      for (int run = 0; run < D / 64; ++run) {
+        const uint32_t to = static_cast<uint32_t>(run) * BN * kRowBytes;
+        tma_load_3d(k_tile + to, k_map, 64 * run, static_cast<int>(n0), kv_item, kv_full);
+        tma_load_3d(v_tile + to, v_map, 64 * run, static_cast<int>(n0), kv_item, kv_full);
+      }
+      if (m0 < L) {
+        load_query_block(b, m0, blocks);
+      }
     }
+    __syncwarp();
     if (masked) {
       load_mask_part<BM, kNarrowMask>(mask_tile, p, mask_b, m0, n0, key_row0, quads, lane);
     }
     cp_async_commit();
+    mbarrier_wait(kv_full, items & 1u);  // also before the epilogue's stores into these tiles
 
     float dk_acc[kDTiles * 4];
     float dv_acc[kDTiles * 4];
@@ -267,30 +295,23 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
     }
 
 #pragma unroll 1
-    for (int it = 0; m0 < L; ++it) {
-      const uint32_t buf = static_cast<uint32_t>(it & 1);
+    for (; m0 < L; ++blocks) {
+      const uint32_t buf = blocks & 1u;
       const uint32_t q_buf = q_tiles + buf * F::kQBytes;
       const uint32_t do_buf = do_tiles + buf * F::kQBytes;
       const uint32_t lse_buf = stats + buf * F::kStatsBytes;
       const uint32_t delta_buf = lse_buf + BM * 4;
-      cp_async_wait<0>();          // this thread's copies of block `it` (and K, V) have landed
-      fence_proxy_async_shared();  // ... and its copies, zero and dQ stores, to the async proxy
-      __syncthreads();  // everyone's have; every warpgroup has waited for its wgmmas of it - 1
-      if (it > 0 && tid == 0) {  // 9 (of block done_m0): its staged dQ, as one bulk reduction
-        bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, dq_stage, F::kDqBytes);
-        bulk_commit_group();
-      }
+      const uint32_t ds_buf = (buf != 0u && !ds_single) ? ds_second : ds_tile;
+      mbarrier_wait(full(buf), (blocks >> 1) & 1u);  // this block's Q, dO, lse, delta
+      cp_async_wait<0>();  // this thread's copies of the warp's mask entries ...
+      __syncwarp();        // ... and its lanes'
       const int64_t following = next_visible(m0);
-      if (following < L) {
-        const int64_t next = following;
-        const uint32_t other = (buf ^ 1u) * F::kQBytes;
-        const uint32_t other_stats = stats + (buf ^ 1u) * F::kStatsBytes;
-        load_tile_sw128<F, BM>(q_tiles + other, q + (b * L + next) * E, L - next, tid, E);
-        load_tile_sw128<F, BM>(do_tiles + other, dout + (b * L + next) * Ev, L - next, tid, Ev);
-        load_row_stats<BM>(other_stats, other_stats + BM * 4, lse_log2 + b * rows_padded + next,
-                           delta + b * rows_padded + next, tid);
+      if (tid == 0 && following < L) {
+        load_query_block(b, following, blocks + 1);
       }
-      cp_async_commit();  // possibly empty: keeps the group count uniform
+      // Warp 0 whole again before its wgmmas (.sync.aligned: every lane, converged), however
+      // long thread 0 waited for the buffer above; after each of thread 0's branches so too.
+      __syncwarp();
 
       // 1, 2: S^T = K Q^T, then dP^T = V dO^T, two groups. k-step ks covers head dims
       // 16 ks .. + 15: run ks / 4 of the tiles, 32 bytes into each 128-byte row.
@@ -303,7 +324,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
         const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
         const uint64_t desc_k = sw128_descriptor(k_rows + run * BN * kRowBytes + step, 16, 1024);
         const uint64_t desc_q = sw128_descriptor(q_buf + run * BM * kRowBytes + step, 16, 1024);
-        wgmma_scores<T, BM>(s, desc_k, desc_q, ks > 0);
+        wgmma_m64k16_ss<T, BM>(s, desc_k, desc_q, ks > 0);
       }
       wgmma_commit_group();
 #pragma unroll
@@ -312,7 +333,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
         const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
         const uint64_t desc_v = sw128_descriptor(v_rows + run * BN * kRowBytes + step, 16, 1024);
         const uint64_t desc_o = sw128_descriptor(do_buf + run * BM * kRowBytes + step, 16, 1024);
-        wgmma_scores<T, BM>(dp, desc_v, desc_o, ks > 0);
+        wgmma_m64k16_ss<T, BM>(dp, desc_v, desc_o, ks > 0);
       }
       wgmma_commit_group();
       // The mask's entries of this block (0 past L or S), in its tile. At D = 128 a thread's 32
@@ -392,7 +413,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
         for (int kk = 0; kk < kQSteps; ++kk) {
           const uint64_t desc_o =
               sw128_descriptor(do_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
-          wgmma_grad<T, D>(dv_acc, p_frag[kk], desc_o);
+          wgmma_m64k16_rs<T, D>(dv_acc, p_frag[kk], desc_o);
         }
         wgmma_commit_group();
         wgmma_wait_group<1>();  // dP^T has landed (dV may still be in flight)
@@ -422,14 +443,18 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
 
       // 6: dS^T to shared memory (before any wgmma reads ds_frag: registers an in-flight wgmma
       // reads must not be accessed). Key row key_row0 + g + 8 (r & 1), query chunk
-      // 2 kk + (r >> 1), columns 2 t, + 1 of it.
+      // 2 kk + (r >> 1), columns 2 t, + 1 of it. Two buffers: the other warpgroup may still
+      // read the last block's in its dQ; with one, a barrier waits for it.
+      if (ds_single) {
+        __syncthreads();
+      }
 #pragma unroll
       for (int kk = 0; kk < kQSteps; ++kk) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const uint32_t offset =
               sw128_offset<BN>(key_row0 + g + 8 * (r & 1), 2 * kk + (r >> 1)) + 4 * t;
-          st_shared_b32(ds_tile + offset, ds_frag[kk][r]);
+          st_shared_b32(ds_buf + offset, ds_frag[kk][r]);
         }
       }
       fence_proxy_async_shared();  // this thread's dS^T stores, to the wgmmas of dQ
@@ -441,31 +466,34 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
         for (int kk = 0; kk < kQSteps; ++kk) {
           const uint64_t desc_o =
               sw128_descriptor(do_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
-          wgmma_grad<T, D>(dv_acc, p_frag[kk], desc_o);
+          wgmma_m64k16_rs<T, D>(dv_acc, p_frag[kk], desc_o);
         }
       }
 #pragma unroll
       for (int kk = 0; kk < kQSteps; ++kk) {
         const uint64_t desc_q =
             sw128_descriptor(q_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
-        wgmma_grad<T, D>(dk_acc, ds_frag[kk], desc_q);
+        wgmma_m64k16_rs<T, D>(dk_acc, ds_frag[kk], desc_q);
       }
       wgmma_commit_group();
 
       // 8: dQ = dS K, once both warpgroups' dS^T is in shared memory. A: queries 64 dq_row ..
       // of the stored dS^T, MN-major (k-step kk: keys 16 kk .. + 15, 16 rows further; LBO
-      // unused at M = 64). B: head dims 64 dq_col .. of K, MN-major. The barrier also frees
-      // the dQ stage: the bulk reduction of block it - 1 (issued at the top) has read it.
-      if (tid == 0) {
-        bulk_wait_group_read_all();
-      }
+      // unused at M = 64). B: head dims 64 dq_col .. of K, MN-major. The CTA's one barrier per
+      // block: every warp has also staged the last block's dQ, which thread 0 now sends to
+      // dq_accum as one bulk reduction (9).
       __syncthreads();
+      if (tid == 0 && done_m0 >= 0) {
+        bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, dq_stage, F::kDqBytes);
+        bulk_commit_group();
+      }
+      __syncwarp();
       float dq[32];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < F::kKeySteps; ++kk) {
         const uint64_t desc_ds = sw128_descriptor(
-            ds_tile + dq_row * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes, 1024);
+            ds_buf + dq_row * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes, 1024);
         const uint64_t desc_k = sw128_descriptor(
             k_tile + dq_col * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes, 1024);
         wgmma_m64n64k16_ss_mn<T>(dq, desc_ds, desc_k, kk > 0);
@@ -478,10 +506,20 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
       wgmma_fence_operands(dv_acc);
       wgmma_fence_operands(dk_acc);
       wgmma_fence_operands(dq);
+      if (lane == 0) {
+        mbarrier_arrive(empty(buf));  // this warp is done with the block's Q and dO
+      }
 
-      // 9: dQ to the stage: rows 64 dq_row + 16 (warp & 3) + g (+ 8) of the block (row & 7 ==
-      // g), columns 64 dq_col + 8 j + 2 t; one thread sends the stage to dq_accum after the
-      // next barrier (the top of the next iteration, or the epilogue's).
+      // 9: dQ to the stage, once the last bulk reduction has read it: rows 64 dq_row +
+      // 16 (warp & 3) + g (+ 8) of the block (row & 7 == g), columns 64 dq_col + 8 j + 2 t;
+      // thread 0 sends the stage to dq_accum after the next barrier (the next block's, or the
+      // epilogue's).
+      if (tid == 0) {
+        bulk_wait_group_read_all();
+        mbarrier_arrive(stage_free);
+      }
+      __syncwarp();
+      mbarrier_wait(stage_free, blocks & 1u);  // its phases: one per block
       const uint32_t dq_row_bytes =
           dq_stage + static_cast<uint32_t>((64 * dq_row + 16 * (warp & 3) + g) * D + 2 * t) * 4;
 #pragma unroll
@@ -493,6 +531,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
                           dq[4 * j + 2 * h + 1]);
         }
       }
+      fence_proxy_async_shared();  // this thread's dQ stores, to the bulk reduction
       done_m0 = m0;
       m0 = following;
     }
@@ -501,7 +540,6 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
     // 16-byte stores of whole rows. The barrier: no copies in flight, every warpgroup done with
     // K (dQ reads all of its rows; each waited for its wgmmas above), the last dQ staged.
     cp_async_wait<0>();
-    fence_proxy_async_shared();  // the dQ stores, to the bulk reduction
     __syncthreads();
     if (done_m0 >= 0 && tid == 0) {
       bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, dq_stage, F::kDqBytes);
@@ -537,12 +575,15 @@ __device__ __forceinline__ void wgmma_backward_cta(const T* __restrict__ q,     
         }
       }
     }
-    __syncthreads();  // the next work item's copies overwrite the K and V tiles
+    fence_proxy_async_shared();  // the reads of the K and V tiles, before TMA writes them
+    __syncthreads();             // the next work item's loads overwrite the K and V tiles
   }
   if (tid == 0) {
     bulk_wait_group_all();  // the stage is read and dq_accum written before the CTA exits
   }
 }
+
+#endif  // FIXED_HAS_TENSOR_MAPS
 
 }  // namespace sm90
 }  // namespace flash

@@ -74,7 +74,18 @@ using BackwardTiling256 = BackwardTiling<256, 64, 16, 128, 1>;
 
 namespace sm90 {
 
-// The wgmma backward's CTA (flash_backward_sm90_cta.cuh) for head dim 64 or 128.
+// The wgmma backward's CTA (flash_backward_sm90_cta.cuh) for head dim 64 or 128. Its shared
+// memory, 128-byte swizzle (wgmma.cuh; flash_forward_sm90.cuh's sw128_offset): every tile is
+// stored as [columns / 64][rows][64] (128-byte rows, 16-byte chunk c of row r at c ^ (r & 7)):
+//   K, V [128 keys][D]              2 x 16 KB (D = 64), 2 x 32 KB (D = 128)
+//   Q, dO [R][D], 2 buffers         4 x 16 KB (both)
+//   dS^T [128 keys][R], 2 buffers   2 x 32 KB (D = 64), 2 x 16 KB (D = 128)
+//   lse, delta [R] f32, 2 buffers   2 KB, 1 KB
+//   dQ stage [R][D] f32             32 KB (both)
+//   a mask's entries [R][128 keys]  64 KB (D = 64, in place of dS^T's second buffer), 32 KB
+//                                   (D = 128); half of it with kNarrowMask
+// and 1 KB to align the tiles to 1024 bytes, where the mbarriers go (or past the tiles where
+// alignment leaves too little). D = 64: 195 KB, D = 128: 194 KB (227 and 226 with a mask).
 template <int kHeadDim_>
 struct BackwardTile {
   static constexpr int kHeadDim = kHeadDim_;
@@ -102,18 +113,24 @@ struct BackwardTile {
   static constexpr uint32_t kRowBytes = 128;                     // one 64-element run
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;   // K or V
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;    // one buffer of Q or dO
-  static constexpr uint32_t kDsBytes = kBlockN * kBlockM * 2;    // dS^T
+  static constexpr uint32_t kDsBytes = kBlockN * kBlockM * 2;    // one buffer of dS^T
   static constexpr uint32_t kStatsBytes = 2 * kBlockM * 4;       // one buffer of lse, delta
   static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * 4;   // the staged f32 dQ block
+  // The mbarriers (8 bytes each; 8 of them at most): in the 1024 bytes spare for aligning the
+  // tiles, where the CTA finds room for them (flash_backward_sm90_cta.cuh).
+  static constexpr uint32_t kBarrierBytes = 64;
+  // Two buffers of dS^T, the tiles 1024-byte aligned.
   static constexpr std::size_t kWgmmaSmemBytes =
-      2 * kKVBytes + 4 * kQBytes + kDsBytes + 2 * kStatsBytes + kDqBytes + 1024;
+      2 * kKVBytes + 4 * kQBytes + 2 * kDsBytes + 2 * kStatsBytes + kDqBytes + 1024;
   static constexpr std::size_t kSmemBytes = kWgmmaSmemBytes > Fallback::kSmemBytes
                                                 ? kWgmmaSmemBytes
                                                 : Fallback::kSmemBytes;
   // With a mask: its entries of one block, [kBlockM queries][kBlockN keys] (mask_slot), room
-  // for float32.
+  // for float32; at D = 64 in place of the second dS^T buffer and 32 KB more (227 KB in all).
   static constexpr uint32_t kMaskBytes = kBlockM * kBlockN * 4;
-  static constexpr std::size_t kMaskedSmemBytes = kSmemBytes + kMaskBytes;
+  static constexpr bool kMaskedDsSingle = kHeadDim == 64;
+  static constexpr std::size_t kMaskedSmemBytes =
+      kSmemBytes - (kMaskedDsSingle ? kDsBytes : 0) + kMaskBytes;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element runs per row");
   static_assert(kBlockM == 64 || kBlockM == 128, "wgmma N of S^T: 64 or 128 queries");

@@ -101,6 +101,16 @@ __device__ __forceinline__ void tma_load_4d(uint32_t destination, const CUtensor
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(barrier)
       : "memory");
 }
+// Copies `bytes` (a multiple of 16) from global memory at `source` to shared memory at
+// `destination` (both 16-byte aligned) and counts them on `barrier`: a 1-D bulk copy, no map.
+__device__ __forceinline__ void bulk_load(uint32_t destination, const void* source,
+                                          uint32_t bytes, uint32_t barrier) {
+  FIXED_SM90A_ASM(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1], %2, [%3];\n" ::"r"(destination),
+      "l"(reinterpret_cast<uint64_t>(source)), "r"(bytes), "r"(barrier)
+      : "memory");
+}
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   FIXED_SM90A_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map))
                   : "memory");

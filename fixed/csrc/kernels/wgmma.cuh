@@ -281,6 +281,30 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
   }
 }
 
+// D (64 x N, f32) = A B (+ D where `accumulate`) over one k-step, N 64 or 128, A and B K-major
+// in shared memory (the backward's S^T and dP^T).
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_m64k16_ss(float (&d)[N / 2], uint64_t desc_a,
+                                                uint64_t desc_b, bool accumulate) {
+  static_assert(N == 64 || N == 128);
+  if constexpr (N == 128) {
+    wgmma_m64n128k16_ss<T>(d, desc_a, desc_b, accumulate);
+  } else {
+    wgmma_m64n64k16_ss<T>(d, desc_a, desc_b, accumulate);
+  }
+}
+// D (64 x N) += A B, N 64 or 128, A from registers, B MN-major (the backward's dV and dK).
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[N / 2], const uint32_t (&a)[4],
+                                                uint64_t desc_b) {
+  static_assert(N == 64 || N == 128);
+  if constexpr (N == 128) {
+    wgmma_m64n128k16_rs<T>(d, a, desc_b);
+  } else {
+    wgmma_m64n64k16_rs<T>(d, a, desc_b);
+  }
+}
+
 #undef FIXED_WGMMA_M64N64K16_SS_MN
 #undef FIXED_WGMMA_M64N32K16_SS
 #undef FIXED_WGMMA_M64N128K16_SS_BMN
