@@ -52,8 +52,8 @@
 // when all 8 warps are done with it (empty). One CTA barrier per query block, before dQ (both
 // warpgroups' dS^T stored, the last block's dQ staged). dS^T has two buffers, so that one
 // warpgroup stores the next block's while the other may still read this one's in dQ (at D = 64
-// with a mask, one, and a second barrier before its stores); the stage is rewritten once thread
-// 0 has seen the bulk reduction read it (stage_free). No producer warp, setmaxnreg or
+// with a mask, one: its stores wait for the last block's empty phase); the stage is rewritten
+// once thread 0 has seen the bulk reduction read it (stage_free). No producer warp, setmaxnreg or
 // ping-pong (FlashAttention-3 has them: perf/NOTES.md, issue 30's plan for the backward).
 //
 // Causal (top-left, key j visible to query i when j <= i): the loop starts at the query block
@@ -71,7 +71,7 @@
 // one buffer: each warp copies its keys' entries of the next block by cp.async as soon as step
 // 3 has read this block's (load_mask_part; in registers their latency was exposed:
 // perf/NOTES.md, v24). Registers (nvcc 13.0, sm_90a): 254-255, no spill plain (masks, dropout:
-// 8-104 bytes); one CTA per SM (8 warps). Per thread: dK, dV 2 x D / 2 f32 accumulators; S^T,
+// 2-114 bytes); one CTA per SM (8 warps). Per thread: dK, dV 2 x D / 2 f32 accumulators; S^T,
 // dP^T 2 x R / 2; dQ 32; the packed P^T, dS^T 2 x R / 4. Other images run flash_backward.cuh's
 // body (swizzled dQ addresses). int64_t for lengths and global offsets.
 #ifndef FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
@@ -444,9 +444,10 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
       // 6: dS^T to shared memory (before any wgmma reads ds_frag: registers an in-flight wgmma
       // reads must not be accessed). Key row key_row0 + g + 8 (r & 1), query chunk
       // 2 kk + (r >> 1), columns 2 t, + 1 of it. Two buffers: the other warpgroup may still
-      // read the last block's in its dQ; with one, a barrier waits for it.
-      if (ds_single) {
-        __syncthreads();
+      // read the last block's in its dQ. With one, wait until every warp is done with the last
+      // block (its empty phase: dQ's wgmmas waited for), not for all to reach this point.
+      if (ds_single && blocks > 0) {
+        mbarrier_wait(empty((blocks - 1) & 1u), ((blocks - 1) >> 1) & 1u);
       }
 #pragma unroll
       for (int kk = 0; kk < kQSteps; ++kk) {
