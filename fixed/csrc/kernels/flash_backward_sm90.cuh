@@ -155,7 +155,7 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
       !encode_rows_map(&do_map, dout, p.batch, p.len_q, Ev, F::kBlockM)) {
     return false;
   }
-  const std::size_t smem = p.mask != nullptr ? F::kMaskedSmemBytes : F::kSmemBytes;
+  const std::size_t smem = p.mask != nullptr ? F::kMaskedSmemBytes : F::kUnmaskedSmemBytes;
   const auto launch_main = [&](unsigned grid, int64_t rows, bool longest_first) {
     kernels::detail::allow_shared_memory(kernel, smem);
     kernel<<<grid, F::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, q, k, v, dout,

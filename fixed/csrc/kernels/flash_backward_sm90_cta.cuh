@@ -52,9 +52,10 @@
 // when all 8 warps are done with it (empty). One CTA barrier per query block, before dQ (both
 // warpgroups' dS^T stored, the last block's dQ staged). dS^T has two buffers, so that one
 // warpgroup stores the next block's while the other may still read this one's in dQ (at D = 64
-// with a mask, one: its stores wait for the last block's empty phase); the stage is rewritten
-// once thread 0 has seen the bulk reduction read it (stage_free). No producer warp, setmaxnreg or
-// ping-pong (FlashAttention-3 has them: perf/NOTES.md, issue 30's plan for the backward).
+// with a mask, one: its stores wait for the last block's empty phase). A dQ stage is rewritten
+// once thread 0 has seen the bulk reduction read it (stage_free); without SDPA's arguments there
+// are two, so that a reduction has a block's time. No producer warp, setmaxnreg or ping-pong
+// (FlashAttention-3 has them: perf/NOTES.md, issue 30's plan for the backward).
 //
 // Causal (top-left, key j visible to query i when j <= i): the loop starts at the query block
 // holding the block's first key, as flash_backward.cuh; per warp, only query blocks with
@@ -66,14 +67,14 @@
 // so P = dS = 0; key rows past S have finite P and dS but their dK, dV rows are never stored
 // and their dS meets zero rows of K in dQ.
 //
-// Shared memory (BackwardTile, flash_backward_tiling.cuh, lists it): K, V; Q, dO, lse, delta
-// and dS^T in two buffers each; the dQ stage; a mask's entries of one block. The mask tile has
-// one buffer: each warp copies its keys' entries of the next block by cp.async as soon as step
-// 3 has read this block's (load_mask_part; in registers their latency was exposed:
-// perf/NOTES.md, v24). Registers (nvcc 13.0, sm_90a): 254-255, no spill plain (masks, dropout:
-// 2-114 bytes); one CTA per SM (8 warps). Per thread: dK, dV 2 x D / 2 f32 accumulators; S^T,
-// dP^T 2 x R / 2; dQ 32; the packed P^T, dS^T 2 x R / 4. Other images run flash_backward.cuh's
-// body (swizzled dQ addresses). int64_t for lengths and global offsets.
+// Shared memory (BackwardTile, flash_backward_tiling.cuh, lists it): K, V; Q, dO, lse, delta,
+// dS^T in two buffers each; the dQ stage (or two); a mask's entries of one block. The mask
+// tile has one buffer: each warp copies its keys' entries of the next block by cp.async as
+// soon as step 3 has read this block's (load_mask_part; in registers their latency was
+// exposed: perf/NOTES.md, v24). Registers (nvcc 13.0, sm_90a): 254-255, no spill plain
+// (masks, dropout: 2-114 bytes); one CTA per SM (8 warps). Per thread: dK, dV 2 x D / 2 f32
+// accumulators; S^T, dP^T 2 x R / 2; dQ 32; the packed P^T, dS^T 2 x R / 4. Other images run
+// flash_backward.cuh's body (swizzled dQ addresses). int64_t for lengths and global offsets.
 #ifndef FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
 #define FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
 
@@ -129,18 +130,21 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
   const uint32_t stats = ds_tile + F::kDsBytes;        // 2 x (lse [BM], delta [BM])
   const uint32_t dq_stage = stats + 2 * F::kStatsBytes;  // [BM][D] f32, swizzled_dq_chunk
   // Then dS^T's second buffer and the mask's tile [BM][BN] (mask_slot); at D = 64 with a mask,
-  // the mask's tile in place of that buffer (kMaskedDsSingle).
+  // the mask's tile in place of that buffer (kMaskedDsSingle). Without SDPA's arguments, a
+  // second dQ stage in its place (with them, one: registers); block n stages into stage_of(n).
   const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
   const bool ds_single = F::kMaskedDsSingle && has_mask;
   const uint32_t ds_second = dq_stage + F::kDqBytes;
   const uint32_t mask_tile = ds_second + (ds_single ? 0u : F::kDsBytes);
+  constexpr bool kTwoStages = kArgs == kNoArgs;
+  const auto stage_of = [&](uint32_t n) { return kTwoStages && (n & 1u) ? mask_tile : dq_stage; };
   // The mbarriers: below the tiles where aligning them left room, else past them (the launch's
   // 1024 spare bytes hold either way). full[c] / empty[c]: buffer c of Q, dO, lse and delta has
   // landed / every warp is done with it; kv_full: K and V have landed; stage_free: the bulk
   // reduction of the staged dQ has read it.
-  const uint32_t barriers = k_tile - smem_base >= F::kBarrierBytes
-                                ? smem_base
-                                : mask_tile + (has_mask ? F::kMaskBytes : 0u);
+  const uint32_t past_tiles = has_mask ? F::kMaskBytes : kTwoStages ? F::kDqBytes : 0u;
+  const uint32_t barriers =
+      k_tile - smem_base >= F::kBarrierBytes ? smem_base : mask_tile + past_tiles;
   const auto full = [&](uint32_t c) { return barriers + 8 * c; };
   const auto empty = [&](uint32_t c) { return barriers + 16 + 8 * c; };
   const uint32_t kv_full = barriers + 32, stage_free = barriers + 40;
@@ -485,7 +489,8 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
       // dq_accum as one bulk reduction (9).
       __syncthreads();
       if (tid == 0 && done_m0 >= 0) {
-        bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, dq_stage, F::kDqBytes);
+        bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, stage_of(blocks - 1),
+                            F::kDqBytes);
         bulk_commit_group();
       }
       __syncwarp();
@@ -511,18 +516,17 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
         mbarrier_arrive(empty(buf));  // this warp is done with the block's Q and dO
       }
 
-      // 9: dQ to the stage, once the last bulk reduction has read it: rows 64 dq_row +
-      // 16 (warp & 3) + g (+ 8) of the block (row & 7 == g), columns 64 dq_col + 8 j + 2 t;
-      // thread 0 sends the stage to dq_accum after the next barrier (the next block's, or the
-      // epilogue's).
-      if (tid == 0) {
-        bulk_wait_group_read_all();
+      // 9: dQ to its stage, once the bulk reduction that last used it has read it: rows
+      // 64 dq_row + 16 (warp & 3) + g (+ 8) of the block (row & 7 == g), columns 64 dq_col +
+      // 8 j + 2 t; thread 0 sends the stage to dq_accum after the next barrier.
+      if (tid == 0) {  // with two stages, the last block's reduction may still be reading
+        kTwoStages ? bulk_wait_group_read_all_but_newest() : bulk_wait_group_read_all();
         mbarrier_arrive(stage_free);
       }
       __syncwarp();
       mbarrier_wait(stage_free, blocks & 1u);  // its phases: one per block
-      const uint32_t dq_row_bytes =
-          dq_stage + static_cast<uint32_t>((64 * dq_row + 16 * (warp & 3) + g) * D + 2 * t) * 4;
+      const int dq_row_element = (64 * dq_row + 16 * (warp & 3) + g) * D + 2 * t;
+      const uint32_t dq_row_bytes = stage_of(blocks) + static_cast<uint32_t>(dq_row_element) * 4;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t chunk = static_cast<uint32_t>(swizzled_dq_chunk(8 * dq_col + j, g));
@@ -543,7 +547,8 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
     cp_async_wait<0>();
     __syncthreads();
     if (done_m0 >= 0 && tid == 0) {
-      bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, dq_stage, F::kDqBytes);
+      bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, stage_of(blocks - 1),
+                          F::kDqBytes);
       bulk_commit_group();  // the next item's first restaging waits for it, as every one does
     }
 #pragma unroll

@@ -84,8 +84,9 @@ namespace sm90 {
 //   dQ stage [R][D] f32             32 KB (both)
 //   a mask's entries [R][128 keys]  64 KB (D = 64, in place of dS^T's second buffer), 32 KB
 //                                   (D = 128); half of it with kNarrowMask
+//   or, without arguments, a 2nd dQ stage  32 KB
 // and 1 KB to align the tiles to 1024 bytes, where the mbarriers go (or past the tiles where
-// alignment leaves too little). D = 64: 195 KB, D = 128: 194 KB (227 and 226 with a mask).
+// alignment leaves too little). D = 64: 227 KB, D = 128: 226 KB, with a mask or without.
 template <int kHeadDim_>
 struct BackwardTile {
   static constexpr int kHeadDim = kHeadDim_;
@@ -131,13 +132,18 @@ struct BackwardTile {
   static constexpr bool kMaskedDsSingle = kHeadDim == 64;
   static constexpr std::size_t kMaskedSmemBytes =
       kSmemBytes - (kMaskedDsSingle ? kDsBytes : 0) + kMaskBytes;
+  // Without a mask, room for a second dQ stage in the mask tile's place (the instances without
+  // SDPA's arguments use it): a block's bulk reduction then has the next block's time to read
+  // its stage (with one, the CTA waited for it: perf/NOTES.md, v32).
+  static constexpr std::size_t kUnmaskedSmemBytes = kSmemBytes + kDqBytes;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element runs per row");
   static_assert(kBlockM == 64 || kBlockM == 128, "wgmma N of S^T: 64 or 128 queries");
   static_assert(kDqRowGroups * (kHeadDim / 64) == 2, "one 64 x 64 dQ tile per warpgroup");
   static_assert(Fallback::kThreads == kThreads && Fallback::kBlockN == kBlockN,
                 "the mma.sync body runs on the same grid and block");
-  static_assert(kMaskedSmemBytes <= 227 * 1024, "over sm_90's 227 KB of shared memory per block");
+  static_assert(kMaskedSmemBytes <= 227 * 1024 && kUnmaskedSmemBytes <= 227 * 1024,
+                "over sm_90's 227 KB of shared memory per block");
 };
 
 }  // namespace sm90
