@@ -17,9 +17,9 @@
 // launch_flash_backward_mma_sync (which declines what neither covers: the caller then runs the
 // generic kernels). The wgmma body
 // exists only in an sm_90a image (fixed/_build.py compiles sm_90a wherever the arch list has
-// 9.0); in any other image this kernel runs flash_backward.cuh's mma.sync body
-// (flash_backward_cta) with that file's tiling of the same CTA shape (256 threads, 128 keys, the
-// same query blocks): slower, never wrong, and the launcher needs no way to tell images apart.
+// 9.0); in any other image both kernels are a marker and a trap: the launchers read the marker
+// (has_sm90a_image) and decline, and flash_backward.cuh's mma.sync kernel (the same query
+// blocks and workspace) runs instead.
 //
 // No torch includes: CI compile-checks this header for sm_90 and sm_90a without a GPU.
 //
@@ -52,18 +52,13 @@ namespace sm90 {
 #if FIXED_HAS_TENSOR_MAPS
 // kAsIs: E and Ev read from the problem (at most D, multiples of 8), else D at compile time (the
 // code E = Ev = D had before kAsIs existed: reading them at run time made it 5-9% slower).
-// The wgmma body loads Q, K, V and dO through the tensor maps, the mma.sync body through the
-// pointers.
+// The loader reads Q, K, V and dO through the tensor maps.
 template <typename T, class F, int kArgs, bool kAsIs, bool kNarrowMask>
 __global__ void __launch_bounds__(F::kThreads, 1)
     flash_backward_sm90_kernel(const __grid_constant__ CUtensorMap q_map,   // (B, L, E)
                                const __grid_constant__ CUtensorMap k_map,   // (B / group, S, E)
                                const __grid_constant__ CUtensorMap v_map,   // (B / group, S, Ev)
                                const __grid_constant__ CUtensorMap do_map,  // (B, L, Ev)
-                               const T* __restrict__ q,             // (B, L, E)
-                               const T* __restrict__ k,             // (B, S, E)
-                               const T* __restrict__ v,             // (B, S, Ev)
-                               const T* __restrict__ dout,          // (B, L, Ev)
                                const float* __restrict__ lse_log2,  // (B, Lp)
                                const float* __restrict__ delta,     // (B, Lp)
                                float* __restrict__ dq_accum,        // (B, Lp, D)
@@ -75,21 +70,14 @@ __global__ void __launch_bounds__(F::kThreads, 1)
   wgmma_backward_cta<T, F, kArgs, kAsIs, kNarrowMask>(&q_map, &k_map, &v_map, &do_map, lse_log2,
                                                       delta, dq_accum, dk, dv, p, rows_padded,
                                                       longest_first);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kAsIs) {
-    // The mma.sync body reads D columns: a marker for the launcher instead (has_sm90a_image:
-    // 16 bytes of static shared memory here, none in the sm_90a body), and a trap, were it
-    // launched all the same.
-    __shared__ uint32_t no_sm90a_body[4];
-    if (p.batch < 0) {  // never: keeps the marker
-      reinterpret_cast<volatile uint32_t*>(no_sm90a_body)[threadIdx.x & 3] = 0;
-    }
-    __trap();
-  } else {
-    flash_backward_cta<T, typename F::Fallback, true, kArgs>(q, k, v, dout, lse_log2, delta,
-                                                             dq_accum, dk, dv, p, rows_padded,
-                                                             longest_first);
+#elif defined(__CUDA_ARCH__)
+  // Any other image: a marker for the launcher (has_sm90a_image: 16 bytes of static shared
+  // memory here, none in the sm_90a body), and a trap, were it launched all the same.
+  __shared__ uint32_t no_sm90a_body[4];
+  if (p.batch < 0) {  // never: keeps the marker
+    reinterpret_cast<volatile uint32_t*>(no_sm90a_body)[threadIdx.x & 3] = 0;
   }
+  __trap();
 #endif
 }
 #endif  // FIXED_HAS_TENSOR_MAPS
@@ -133,8 +121,8 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
           : for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs, kAsIs, false>,
                            flash_backward_sm90_kernel<T, F, kMaskOnly, kAsIs, false>,
                            flash_backward_sm90_kernel<T, F, kMaskAndDropout, kAsIs, false>);
-  if (!detail::has_tensor_core_image(kernel) || (kAsIs && !has_sm90a_image(kernel))) {
-    return false;
+  if (!has_sm90a_image(kernel)) {
+    return false;  // the mma.sync kernel runs instead (launch_flash_backward)
   }
   if (p.mask_in_input_dtype && !mask_in_octets(p)) {  // the glue's promise (16-byte copies)
     throw std::invalid_argument(
@@ -158,9 +146,8 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
   const std::size_t smem = p.mask != nullptr ? F::kMaskedSmemBytes : F::kUnmaskedSmemBytes;
   const auto launch_main = [&](unsigned grid, int64_t rows, bool longest_first) {
     kernels::detail::allow_shared_memory(kernel, smem);
-    kernel<<<grid, F::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, q, k, v, dout,
-                                                lse_log2, delta, dq_accum, dk, dv, p, rows,
-                                                longest_first);
+    kernel<<<grid, F::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, lse_log2, delta,
+                                                dq_accum, dk, dv, p, rows, longest_first);
   };
   detail::backward_launches<T, typename F::Fallback, true, kAsIs>(
       launch_main, dout, out, lse, lse_log2, delta, dq_accum, dq, p, stream);

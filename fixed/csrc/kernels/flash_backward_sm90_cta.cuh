@@ -1,8 +1,9 @@
 // The CTA of flash_backward_sm90.cuh's wgmma backward (sm_90a): its tiling, the order of its
 // products, shared memory and registers (the constants of each head dim are BackwardTile, in
-// flash_backward_tiling.cuh), and wgmma_backward_cta, the body of flash_backward_sm90.cuh's
-// kernel in sm_90a images. What the launchers cover, the kernel and the launchers are in
-// flash_backward_sm90.cuh.
+// flash_backward_tiling.cuh), the consumers' loop (consume_blocks) and wgmma_backward_cta, the
+// body of flash_backward_sm90.cuh's kernel in sm_90a images; the producer warpgroup's loader and
+// reducer are in flash_backward_sm90_producer.cuh. What the launchers cover, the kernel and the
+// launchers are in flash_backward_sm90.cuh.
 //
 // The gradients are flash_backward.cuh's: P_ij = exp(scale q_i.k_j - lse_i), dP_ij = dO_i.v_j,
 // delta_i = dO_i.O_i, dS_ij = P_ij (dP_ij - delta_i); dV_j = sum_i P_ij dO_i,
@@ -10,9 +11,10 @@
 // kernel, that of dK in the epilogue here, as there).
 //
 // ---------------------------------------------------------------------------------- tiling
-// One CTA per (batch item, block of kBlockN = 128 keys): 2 warpgroups (8 warps, 256 threads);
-// warpgroup wg owns keys [64 wg, 64 wg + 64) of the block (wgmma's M = 64), its warp w (0..3)
-// keys 16 w .. 16 w + 15 of those, so warp `warp` of the CTA owns keys key_row0 = 16 warp ...
+// One CTA per (batch item, block of kBlockN = 128 keys): a producer warpgroup and 2 consumer
+// warpgroups (8 warps, 256 threads); consumer warpgroup wg owns keys [64 wg, 64 wg + 64) of the
+// block (wgmma's M = 64), its warp w (0..3) keys 16 w .. 16 w + 15 of those, so consumer warp
+// `warp` owns keys key_row0 = 16 warp ...
 // The loop runs over the query blocks of kBlockM rows that can see the keys, flash_backward.cuh's
 // blocks (D = 64: kBlockM = 128; D = 128: 64), so that the workspace rows (flash_backward_rows)
 // serve both kernels. Per query block m0 and warpgroup, M = R = kBlockM queries:
@@ -28,13 +30,14 @@
 //      registers: k-step kk's fragment is S^T's n-tiles 2 kk, 2 kk + 1 packed in pairs,
 //      p_frag[kk][r] = pack(s[8 kk + 2 r], s[8 kk + 2 r + 1]) (the forward's identity for P V);
 //      B = dO MN-major (k-step kk starts 16 rows further). Issued before dS^T is computed
-//      (kEarlyDv, the default at both head dims), or after it (kEarlyDv false).
+//      (kEarlyDv: at D = 128 without SDPA's arguments), or after it (elsewhere).
 //   5. dS^T = P^T (dP^T - delta), in place in dP^T's registers, packed as P^T was.
 //   6. dS^T (bf16/fp16) to shared memory: the packed pair of rows key_row0 + g + 8 h, query
 //      columns 8 j + 2 t, + 1 is one 4-byte store, j = 2 kk + (r >> 1), h = r & 1.
 //      fence.proxy.async, then:
 //   7. dK (64 x D) += dS^T Q: as dV, A = the packed dS^T registers, B = Q MN-major.
-//   8. Barrier (both warpgroups' dS^T rows are in shared memory), then dQ = dS K, one 64 x 64
+//   8. Barrier (both consumer warpgroups' dS^T rows are in shared memory: a named barrier of
+//      their 256 threads), then dQ = dS K, one 64 x 64
 //      tile per warpgroup (D = 64, R = 128: warpgroup wg takes queries 64 wg .., all of D;
 //      D = 128, R = 64: both take the 64 queries, warpgroup wg head dims 64 wg ..): 8 wgmma
 //      m64n64k16 over the 128 keys, A = dS read from the stored dS^T ([key][query], query
@@ -44,18 +47,20 @@
 //      dq[4 j + e] is query 64 (row group) + 16 (warp & 3) + g + 8 (e >> 1) of the block, head
 //      dim 64 (column group) + 8 j + 2 t + (e & 1)), in the layout of the workspace rows
 //      m0 .. m0 + kBlockM - 1, with flash_backward.cuh's swizzled_dq_chunk (a warp's 8 rows on
-//      8 chunks: conflict-free 8-byte stores). After the next barrier thread 0 adds the whole
-//      stage to those rows with one cp.reduce.async.bulk .add.f32 (per thread red.global.add
-//      stalled on the memory queue, v14); the mma.sync body of other images writes it so too.
-// Loads: thread 0 issues TMA for K and V once per item, and for Q, dO (lse, delta by 1-D bulk
-// copies) one block ahead into two buffers; mbarriers tell when a buffer has landed (full) and
-// when all 8 warps are done with it (empty). One CTA barrier per query block, before dQ (both
-// warpgroups' dS^T stored, the last block's dQ staged). dS^T has two buffers, so that one
-// warpgroup stores the next block's while the other may still read this one's in dQ (at D = 64
-// with a mask, one: its stores wait for the last block's empty phase). A dQ stage is rewritten
-// once thread 0 has seen the bulk reduction read it (stage_free); without SDPA's arguments there
-// are two, so that a reduction has a block's time. No producer warp, setmaxnreg or ping-pong
-// (FlashAttention-3 has them: perf/NOTES.md, issue 30's plan for the backward).
+//      8 chunks: conflict-free 8-byte stores). Once all 256 threads have staged theirs (staged),
+//      the reducer adds the whole stage to those rows with one cp.reduce.async.bulk .add.f32
+//      (per thread red.global.add stalled on the memory queue, v14).
+// The producer warpgroup (flash_backward_sm90_producer.cuh; 24 registers a thread, setmaxnreg
+// gives the consumers 240): the loader issues TMA for K and V once per item, and for Q, dO
+// (lse, delta by 1-D bulk copies) one block ahead into two buffers; mbarriers tell when a
+// buffer has landed (full) and when all 256 consumer threads are done with it (empty), and when the
+// consumers have stored the last item's dK and dV from the K and V tiles (kv_empty). One
+// consumer barrier per query block, before dQ. dS^T has two buffers, so that one warpgroup
+// stores the next block's while the other may still read this one's in dQ (at D = 64 with a
+// mask, one: its stores wait for the last block's empty phase). A dQ stage is rewritten once the
+// reducer has seen its bulk reduction read it (stage_free); without SDPA's arguments there are
+// two, so that a reduction has a block's time. No ping-pong (FlashAttention-3's backward has
+// none either: perf/NOTES.md, issue 30's plan for the backward).
 //
 // Causal (top-left, key j visible to query i when j <= i): the loop starts at the query block
 // holding the block's first key, as flash_backward.cuh; per warp, only query blocks with
@@ -71,10 +76,13 @@
 // dS^T in two buffers each; the dQ stage (or two); a mask's entries of one block. The mask
 // tile has one buffer: each warp copies its keys' entries of the next block by cp.async as
 // soon as step 3 has read this block's (load_mask_part; in registers their latency was
-// exposed: perf/NOTES.md, v24). Registers (nvcc 13.0, sm_90a): 254-255, no spill plain
-// (masks, dropout: 2-114 bytes); one CTA per SM (8 warps). Per thread: dK, dV 2 x D / 2 f32
-// accumulators; S^T, dP^T 2 x R / 2; dQ 32; the packed P^T, dS^T 2 x R / 4. Other images run
-// flash_backward.cuh's body (swizzled dQ addresses). int64_t for lengths and global offsets.
+// exposed: perf/NOTES.md, v24). Registers (nvcc 13.0, sm_90a): the launch's 168 a thread,
+// then 24 for the producer and 240 for the consumers (setmaxnreg). ptxas's spill stores, the
+// producer's included: plain 28-48 bytes (the consumers' none at D = 128), dropout 66-98, the
+// mask alone 258-272 (mostly the producer's search for hidden blocks at 24 registers, 72-90
+// without it); one CTA per SM (12 warps). Per consumer thread: dK, dV 2 x D / 2 f32
+// accumulators; S^T, dP^T 2 x R / 2; dQ 32; the packed P^T, dS^T 2 x R / 4. int64_t for
+// lengths and global offsets.
 #ifndef FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
 #define FIXED_FLASH_BACKWARD_SM90_CTA_CUH_
 
@@ -87,10 +95,11 @@
 #include <type_traits>
 
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
-#include "flash_backward.cuh"      // prologue and dq kernels, flash_backward_cta, tilings
-#include "flash_common.cuh"        // cp.async, exp2, pack2, red.global.add, ...
+#include "flash_backward.cuh"      // prologue and dq kernels, tilings
+#include "flash_backward_sm90_producer.cuh"  // BackwardSmem, the loader and the reducer
+#include "flash_common.cuh"        // cp.async, exp2, pack2, ...
 #include "flash_forward_sm90.cuh"  // sw128_offset, current_device_is_sm90
-#include "sm90_pipeline.cuh"       // mbarriers, TMA loads
+#include "sm90_pipeline.cuh"       // mbarriers, setmaxnreg, named barriers
 #include "wgmma.cuh"               // wgmma.mma_async and descriptors
 
 namespace fixed_attention {
@@ -99,62 +108,37 @@ namespace flash {
 namespace sm90 {
 
 #if FIXED_HAS_TENSOR_MAPS
-// The wgmma body: every work item of the grid-stride loop (sm_90a images only). kArgs: the
-// instantiation that reads the mask and draws dropout, as flash_backward_cta's; kAsIs: E and Ev
-// from the problem, else D; kNarrowMask: the mask's entries in T (AttentionProblem::
-// mask_in_input_dtype), else float32 (one form per instance: both in one spilled 250 bytes more).
+// The consumer warpgroups' part of the wgmma body (flash_backward_sm90_producer.cuh has the
+// producer's): every query block of every work item of the grid-stride loop (sm_90a images
+// only). kArgs: the instantiation that reads the mask and draws dropout, as flash_backward_cta's;
+// kAsIs: E and Ev from the problem, else D; kNarrowMask: the mask's entries in T
+// (AttentionProblem::mask_in_input_dtype), else float32 (one form per instance: both in one
+// spilled 250 bytes more). consumer_tid: 0 .. 255, the thread among the consumers.
 template <typename T, class F, int kArgs, bool kAsIs, bool kNarrowMask>
-__device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   // (B, L, E)
-                                                   const CUtensorMap* k_map,   // (B / g, S, E)
-                                                   const CUtensorMap* v_map,   // (B / g, S, Ev)
-                                                   const CUtensorMap* do_map,  // (B, L, Ev)
-                                                   const float* __restrict__ lse_log2,  // (B, Lp)
-                                                   const float* __restrict__ delta,     // (B, Lp)
-                                                   float* __restrict__ dq_accum,  // (B, Lp, D)
-                                                   T* __restrict__ dk,            // (B, S, E)
-                                                   T* __restrict__ dv,            // (B, S, Ev)
-                                                   const AttentionProblem p,
-                                                   const int64_t rows_padded,
-                                                   const bool longest_first) {
+__device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
+                                               T* __restrict__ dv,  // (B, S, Ev)
+                                               const AttentionProblem& p,
+                                               const bool longest_first,
+                                               const BackwardSmem<F, kArgs>& sm,
+                                               const int consumer_tid) {
   constexpr int D = F::kHeadDim, BM = F::kBlockM, BN = F::kBlockN;
   constexpr int kQTiles = F::kQTiles, kQSteps = F::kQSteps, kDTiles = F::kDTiles;
   constexpr uint32_t kRowBytes = F::kRowBytes;
   constexpr float kLog2e = 1.4426950408889634f;
-  extern __shared__ uint4 sm90_bwd_smem[];
-  const uint32_t smem_base = smem_addr(sm90_bwd_smem);
-  const uint32_t k_tile = (smem_base + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
-  const uint32_t v_tile = k_tile + F::kKVBytes;
-  const uint32_t q_tiles = v_tile + F::kKVBytes;       // 2 buffers of kQBytes
-  const uint32_t do_tiles = q_tiles + 2 * F::kQBytes;  // 2 buffers of kQBytes
-  const uint32_t ds_tile = do_tiles + 2 * F::kQBytes;  // [BM / 64][BN][64]
-  const uint32_t stats = ds_tile + F::kDsBytes;        // 2 x (lse [BM], delta [BM])
-  const uint32_t dq_stage = stats + 2 * F::kStatsBytes;  // [BM][D] f32, swizzled_dq_chunk
-  // Then dS^T's second buffer and the mask's tile [BM][BN] (mask_slot); at D = 64 with a mask,
-  // the mask's tile in place of that buffer (kMaskedDsSingle). Without SDPA's arguments, a
-  // second dQ stage in its place (with them, one: registers); block n stages into stage_of(n).
+  using Smem = BackwardSmem<F, kArgs>;
+  constexpr bool kEarlyDv = F::kEarlyDvPlain && kArgs == kNoArgs;  // step 4's place
+  const uint32_t k_tile = sm.k_tile, v_tile = sm.v_tile, q_tiles = sm.q_tiles;
+  const uint32_t do_tiles = sm.do_tiles, ds_tile = sm.ds_tile, stats = sm.stats;
+  const uint32_t ds_second = sm.ds_second, mask_tile = sm.mask_tile;
   const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
-  const bool ds_single = F::kMaskedDsSingle && has_mask;
-  const uint32_t ds_second = dq_stage + F::kDqBytes;
-  const uint32_t mask_tile = ds_second + (ds_single ? 0u : F::kDsBytes);
-  constexpr bool kTwoStages = kArgs == kNoArgs;
-  const auto stage_of = [&](uint32_t n) { return kTwoStages && (n & 1u) ? mask_tile : dq_stage; };
-  // The mbarriers: below the tiles where aligning them left room, else past them (the launch's
-  // 1024 spare bytes hold either way). full[c] / empty[c]: buffer c of Q, dO, lse and delta has
-  // landed / every warp is done with it; kv_full: K and V have landed; stage_free: the bulk
-  // reduction of the staged dQ has read it.
-  const uint32_t past_tiles = has_mask ? F::kMaskBytes : kTwoStages ? F::kDqBytes : 0u;
-  const uint32_t barriers =
-      k_tile - smem_base >= F::kBarrierBytes ? smem_base : mask_tile + past_tiles;
-  const auto full = [&](uint32_t c) { return barriers + 8 * c; };
-  const auto empty = [&](uint32_t c) { return barriers + 16 + 8 * c; };
-  const uint32_t kv_full = barriers + 32, stage_free = barriers + 40;
+  const bool ds_single = sm.ds_single;
   // The K tile through a generic pointer, for the epilogue's 16-byte reads.
+  extern __shared__ uint4 sm90_bwd_smem[];
   const unsigned char* const kv_bytes =
-      reinterpret_cast<const unsigned char*>(sm90_bwd_smem) + (k_tile - smem_base);
+      reinterpret_cast<const unsigned char*>(sm90_bwd_smem) + (k_tile - smem_addr(sm90_bwd_smem));
 
-  const int tid = static_cast<int>(threadIdx.x);
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
+  const int lane = consumer_tid & 31;
+  const int warp = consumer_tid >> 5;  // the consumer warp, 0 .. 7
   // Read from lane 0, the compiler knows it is the same across the warp and keeps the
   // descriptor arithmetic that depends on it in uniform registers (kUniformWarpgroup).
   const int warpgroup =
@@ -185,64 +169,24 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
   const uint64_t counter_rows8 = 4 * dropout::block_cols(S);  // the counter's step per 8 rows
   static_assert(kQTiles % 2 == 0, "dropout's Philox blocks are drawn for two n-tiles at once");
   constexpr int kKeptWords = (kQTiles * 4 + 31) / 32;  // 2 at D = 64, 1 at D = 128
-  const bool skips = kArgs == kMaskOnly && skips_hidden_blocks(p);
+  const bool skips = skips_blocks<kArgs>(p);
   const bool skips_zero = has_mask && skips_zero_blocks(p);
   const bool quads = has_mask && mask_in_quads(p);
   const uint32_t pair_base = mask_pair_base(mask_tile, key_row0, lane);  // kNarrowMask
 
-  if (tid == 0) {
-    mbarrier_init(full(0), 1);
-    mbarrier_init(full(1), 1);
-    mbarrier_init(empty(0), F::kThreads / 32);  // one arrival per warp
-    mbarrier_init(empty(1), F::kThreads / 32);
-    mbarrier_init(kv_full, 1);
-    mbarrier_init(stage_free, 1);
-    fence_mbarrier_init();
-  }
-  __syncthreads();
   // Query blocks computed so far over all of this CTA's items (block `blocks` uses buffer
-  // blocks & 1 of Q, dO, lse, delta), and items so far.
+  // blocks & 1 of Q, dO, lse, delta and dQ stage Smem::stage(blocks)), and items so far: the
+  // producer's walk (visit_blocks) in the same order.
   uint32_t blocks = 0, items = 0;
-  // Thread 0 loads query block m (the CTA's block number `number`) into buffer number & 1, once
-  // every warp is done with its last use (block number - 2): Q, dO (past L: zeros), lse, delta.
-  const auto load_query_block = [&](int64_t b, int64_t m, uint32_t number) {
-    const uint32_t c = number & 1u;
-    mbarrier_wait(empty(c), ((number >> 1) & 1u) ^ 1u);  // round 0: free at once
-    mbarrier_arrive_expect_tx(full(c), 2 * F::kQBytes + F::kStatsBytes);
-#pragma unroll
-    for (int run = 0; run < D / 64; ++run) {
-      const uint32_t to = c * F::kQBytes + static_cast<uint32_t>(run) * BM * kRowBytes;
-      tma_load_3d(q_tiles + to, q_map, 64 * run, static_cast<int>(m), static_cast<int>(b),
-                  full(c));
-      tma_load_3d(do_tiles + to, do_map, 64 * run, static_cast<int>(m), static_cast<int>(b),
-                  full(c));
-    }
-    const uint32_t stats_c = stats + c * F::kStatsBytes;
-    bulk_load(stats_c, lse_log2 + b * rows_padded + m, BM * 4, full(c));
-    bulk_load(stats_c + BM * 4, delta + b * rows_padded + m, BM * 4, full(c));
-  };
-
   for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x, ++items) {
-    const int64_t b = longest_first ? item % p.batch : item / key_blocks;
-    const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
+    const BackwardItem it = backward_item<F>(item, key_blocks, p, longest_first);
+    const int64_t b = it.b, n0 = it.n0;
     using MaskEntry = std::conditional_t<kNarrowMask, uint16_t, float>;
     const MaskEntry* const mask_b = has_mask ? mask_slice_of<MaskEntry>(p, b) : nullptr;
     // Where dK and dV go (per batch item, also under GQA). Without kAsIs, one product for both:
     // E = Ev = D then compiles as it did before kAsIs.
     const int64_t dk_b = b * S * E, dv_b = kAsIs ? b * S * Ev : dk_b;
-    // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
-    const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
-    // The next query block after the one at m that the mask does not hide entirely for these
-    // keys (L or more: none); without a map of hidden tiles, m + BM. The instantiation with
-    // dropout does not skip: at D = 64 the search spilled 500 bytes more there (ptxas).
-    const auto next_visible = [&](int64_t m) {
-      do {
-        m += BM;
-      } while (skips && m < L && hidden_block(p, b, m, BM, n0, BN));
-      return m;
-    };
-    int64_t m0 = next_visible(m_begin - BM);  // this iteration's query block
-    int64_t done_m0 = -1;                     // the last one computed, whose dQ is staged
+    int64_t m0 = first_block<F>(p, skips, b, n0);  // this iteration's query block
     // Whether block m reads mask entries: not where they are all 0 (zero_block), as P is then
     // the unmasked one; the copies of its mask tile are then skipped too.
     const auto reads_mask = [&](int64_t m) {
@@ -268,27 +212,12 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
       draw_keep_bits(m0, kept);
     }
 
-    // K, V of this key block (past S: zeros) and the first query block, by TMA; each warp's
-    // part of the mask's tile by cp.async.
-    if (tid == 0) {
-      const int kv_item = static_cast<int>(b / p.kv_group);
-      mbarrier_arrive_expect_tx(kv_full, 2 * F::kKVBytes);
-#pragma unroll
-      for (int run = 0; run < D / 64; ++run) {
-        const uint32_t to = static_cast<uint32_t>(run) * BN * kRowBytes;
-        tma_load_3d(k_tile + to, k_map, 64 * run, static_cast<int>(n0), kv_item, kv_full);
-        tma_load_3d(v_tile + to, v_map, 64 * run, static_cast<int>(n0), kv_item, kv_full);
-      }
-      if (m0 < L) {
-        load_query_block(b, m0, blocks);
-      }
-    }
-    __syncwarp();
+    // Each warp's part of the mask's tile by cp.async (K, V and the query blocks: the loader).
     if (masked) {
       load_mask_part<BM, kNarrowMask>(mask_tile, p, mask_b, m0, n0, key_row0, quads, lane);
     }
     cp_async_commit();
-    mbarrier_wait(kv_full, items & 1u);  // also before the epilogue's stores into these tiles
+    mbarrier_wait(sm.kv_full(), items & 1u);  // also before the epilogue's stores into them
 
     float dk_acc[kDTiles * 4];
     float dv_acc[kDTiles * 4];
@@ -306,16 +235,10 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
       const uint32_t lse_buf = stats + buf * F::kStatsBytes;
       const uint32_t delta_buf = lse_buf + BM * 4;
       const uint32_t ds_buf = (buf != 0u && !ds_single) ? ds_second : ds_tile;
-      mbarrier_wait(full(buf), (blocks >> 1) & 1u);  // this block's Q, dO, lse, delta
+      mbarrier_wait(sm.full(buf), (blocks >> 1) & 1u);  // this block's Q, dO, lse, delta
       cp_async_wait<0>();  // this thread's copies of the warp's mask entries ...
-      __syncwarp();        // ... and its lanes'
-      const int64_t following = next_visible(m0);
-      if (tid == 0 && following < L) {
-        load_query_block(b, following, blocks + 1);
-      }
-      // Warp 0 whole again before its wgmmas (.sync.aligned: every lane, converged), however
-      // long thread 0 waited for the buffer above; after each of thread 0's branches so too.
-      __syncwarp();
+      __syncwarp();        // ... and its lanes' (and the warp converged for .sync.aligned)
+      const int64_t following = next_visible<F>(p, skips, b, n0, m0);
 
       // 1, 2: S^T = K Q^T, then dP^T = V dO^T, two groups. k-step ks covers head dims
       // 16 ks .. + 15: run ks / 4 of the tiles, 32 bytes into each 128-byte row.
@@ -411,7 +334,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
 
       // 4: dV += P^T dO. dO is MN-major: LBO = the distance between the 64-column runs (unused
       // at D = 64), SBO = between 8-row atoms; k-step kk starts 16 rows further.
-      if constexpr (F::kEarlyDv) {
+      if constexpr (kEarlyDv) {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kQSteps; ++kk) {
@@ -451,7 +374,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
       // read the last block's in its dQ. With one, wait until every warp is done with the last
       // block (its empty phase: dQ's wgmmas waited for), not for all to reach this point.
       if (ds_single && blocks > 0) {
-        mbarrier_wait(empty((blocks - 1) & 1u), ((blocks - 1) >> 1) & 1u);
+        mbarrier_wait(sm.empty((blocks - 1) & 1u), ((blocks - 1) >> 1) & 1u);
       }
 #pragma unroll
       for (int kk = 0; kk < kQSteps; ++kk) {
@@ -466,7 +389,7 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
 
       // 4 (late), 7: dV += P^T dO where not issued yet, dK += dS^T Q.
       wgmma_fence();
-      if constexpr (!F::kEarlyDv) {
+      if constexpr (!kEarlyDv) {
 #pragma unroll
         for (int kk = 0; kk < kQSteps; ++kk) {
           const uint64_t desc_o =
@@ -484,16 +407,9 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
 
       // 8: dQ = dS K, once both warpgroups' dS^T is in shared memory. A: queries 64 dq_row ..
       // of the stored dS^T, MN-major (k-step kk: keys 16 kk .. + 15, 16 rows further; LBO
-      // unused at M = 64). B: head dims 64 dq_col .. of K, MN-major. The CTA's one barrier per
-      // block: every warp has also staged the last block's dQ, which thread 0 now sends to
-      // dq_accum as one bulk reduction (9).
-      __syncthreads();
-      if (tid == 0 && done_m0 >= 0) {
-        bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, stage_of(blocks - 1),
-                            F::kDqBytes);
-        bulk_commit_group();
-      }
-      __syncwarp();
+      // unused at M = 64). B: head dims 64 dq_col .. of K, MN-major. The consumers' one barrier
+      // per block (a named barrier: the producer warpgroup does not take part).
+      named_barrier_sync(F::kConsumersBarrier, F::kConsumerThreads);
       float dq[32];
       wgmma_fence();
 #pragma unroll
@@ -512,21 +428,15 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
       wgmma_fence_operands(dv_acc);
       wgmma_fence_operands(dk_acc);
       wgmma_fence_operands(dq);
-      if (lane == 0) {
-        mbarrier_arrive(empty(buf));  // this warp is done with the block's Q and dO
-      }
+      mbarrier_arrive(sm.empty(buf));  // this thread is done with the block's buffers
 
-      // 9: dQ to its stage, once the bulk reduction that last used it has read it: rows
-      // 64 dq_row + 16 (warp & 3) + g (+ 8) of the block (row & 7 == g), columns 64 dq_col +
-      // 8 j + 2 t; thread 0 sends the stage to dq_accum after the next barrier.
-      if (tid == 0) {  // with two stages, the last block's reduction may still be reading
-        kTwoStages ? bulk_wait_group_read_all_but_newest() : bulk_wait_group_read_all();
-        mbarrier_arrive(stage_free);
-      }
-      __syncwarp();
-      mbarrier_wait(stage_free, blocks & 1u);  // its phases: one per block
+      // 9: dQ to its stage, once the bulk reduction that last used it has read it (the phase
+      // before this use's): rows 64 dq_row + 16 (warp & 3) + g (+ 8) of the block (row & 7 ==
+      // g), columns 64 dq_col + 8 j + 2 t; the reducer sends the stage to dq_accum once every
+      // warp has staged its part.
+      mbarrier_wait(sm.stage_free(Smem::stage_index(blocks)), Smem::stage_parity(blocks) ^ 1u);
       const int dq_row_element = (64 * dq_row + 16 * (warp & 3) + g) * D + 2 * t;
-      const uint32_t dq_row_bytes = stage_of(blocks) + static_cast<uint32_t>(dq_row_element) * 4;
+      const uint32_t dq_row_bytes = sm.stage(blocks) + static_cast<uint32_t>(dq_row_element) * 4;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t chunk = static_cast<uint32_t>(swizzled_dq_chunk(8 * dq_col + j, g));
@@ -537,20 +447,15 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
         }
       }
       fence_proxy_async_shared();  // this thread's dQ stores, to the bulk reduction
-      done_m0 = m0;
+      mbarrier_arrive(sm.staged(Smem::stage_index(blocks)));
       m0 = following;
     }
 
     // Epilogue: dK (times scale) and dV through this warp's own rows of the K and V tiles, then
     // 16-byte stores of whole rows. The barrier: no copies in flight, every warpgroup done with
-    // K (dQ reads all of its rows; each waited for its wgmmas above), the last dQ staged.
+    // K (dQ reads all of its rows; each waited for its wgmmas above).
     cp_async_wait<0>();
-    __syncthreads();
-    if (done_m0 >= 0 && tid == 0) {
-      bulk_reduce_add_f32(dq_accum + (b * rows_padded + done_m0) * D, stage_of(blocks - 1),
-                          F::kDqBytes);
-      bulk_commit_group();  // the next item's first restaging waits for it, as every one does
-    }
+    named_barrier_sync(F::kConsumersBarrier, F::kConsumerThreads);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = key_row0 + g + 8 * h;  // row & 7 == g
@@ -582,11 +487,51 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
       }
     }
     fence_proxy_async_shared();  // the reads of the K and V tiles, before TMA writes them
-    __syncthreads();             // the next work item's loads overwrite the K and V tiles
+    mbarrier_arrive(sm.kv_empty());  // the next item's K and V may overwrite the tiles
   }
+}
+
+// The wgmma body: the mbarriers, then the producer warpgroup (warps 0-3, 24 registers a thread:
+// the loader and the reducer, flash_backward_sm90_producer.cuh) and the two consumer warpgroups
+// (240 registers a thread, consume_blocks) go their ways.
+template <typename T, class F, int kArgs, bool kAsIs, bool kNarrowMask>
+__device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   // (B, L, E)
+                                                   const CUtensorMap* k_map,   // (B / g, S, E)
+                                                   const CUtensorMap* v_map,   // (B / g, S, Ev)
+                                                   const CUtensorMap* do_map,  // (B, L, Ev)
+                                                   const float* __restrict__ lse_log2,  // (B, Lp)
+                                                   const float* __restrict__ delta,     // (B, Lp)
+                                                   float* __restrict__ dq_accum,  // (B, Lp, D)
+                                                   T* __restrict__ dk,            // (B, S, E)
+                                                   T* __restrict__ dv,            // (B, S, Ev)
+                                                   const AttentionProblem p,
+                                                   const int64_t rows_padded,
+                                                   const bool longest_first) {
+  extern __shared__ uint4 sm90_bwd_smem[];
+  const BackwardSmem<F, kArgs> sm(smem_addr(sm90_bwd_smem),
+                                  kArgs != kNoArgs && p.mask != nullptr);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform, known so
   if (tid == 0) {
-    bulk_wait_group_all();  // the stage is read and dq_accum written before the CTA exits
+    sm.init();
+    prefetch_tensor_map(q_map);
+    prefetch_tensor_map(k_map);
+    prefetch_tensor_map(v_map);
+    prefetch_tensor_map(do_map);
   }
+  __syncthreads();  // the last CTA-wide barrier: the producer's idle warps leave below
+  if (warp < 4) {
+    setmaxnreg_dec<F::kProducerRegisters>();
+    if (tid == 0) {
+      load_blocks<F, kArgs>(q_map, k_map, v_map, do_map, lse_log2, delta, p, rows_padded,
+                            longest_first, sm);
+    } else if (tid == 32) {
+      reduce_dq<F, kArgs>(dq_accum, p, rows_padded, longest_first, sm);
+    }
+    return;
+  }
+  setmaxnreg_inc<F::kConsumerRegisters>();
+  consume_blocks<T, F, kArgs, kAsIs, kNarrowMask>(dk, dv, p, longest_first, sm, tid - 128);
 }
 
 #endif  // FIXED_HAS_TENSOR_MAPS

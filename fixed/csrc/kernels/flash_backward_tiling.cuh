@@ -90,10 +90,17 @@ namespace sm90 {
 template <int kHeadDim_>
 struct BackwardTile {
   static constexpr int kHeadDim = kHeadDim_;
-  // flash_backward.cuh's tiling of the same CTA shape: the mma.sync body of other images, and
-  // the tiling of the shared prologue and dq kernels and of the workspace rows.
+  // flash_backward.cuh's tiling of the same keys per CTA and query blocks: the tiling of the
+  // shared prologue and dq kernels and of the workspace rows, and the mma.sync backward that
+  // runs instead where the library has no sm_90a image.
   using Fallback = std::conditional_t<kHeadDim == 64, BackwardTiling64, BackwardTiling128>;
-  static constexpr int kThreads = 256;                // 2 warpgroups
+  // A producer warpgroup (the loader and the reducer, flash_backward_sm90_producer.cuh) and
+  // two consumer warpgroups; setmaxnreg moves the producer's registers to the consumers.
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+  static constexpr uint32_t kProducerRegisters = 24;
+  static constexpr uint32_t kConsumerRegisters = 240;  // (65536 - 128 * 24) / 256, rounded to 8
+  static constexpr uint32_t kConsumersBarrier = 1;     // the consumers' named barrier (0: CTA)
   static constexpr int kBlockN = 128;                 // keys per CTA, 64 per warpgroup
   static constexpr int kBlockM = Fallback::kBlockM;   // queries per loop iteration (R)
   static constexpr int kChunks = kHeadDim / 8;        // 16-byte chunks per row of Q, K, V, dO
@@ -104,9 +111,12 @@ struct BackwardTile {
   // dQ: one 64 x 64 tile per warpgroup: kBlockM / 64 row groups x kHeadDim / 64 column groups.
   static constexpr int kDqRowGroups = kBlockM / 64;
   // dV += P^T dO issued before dS^T is computed (overlapping it), at the price of holding the
-  // P^T fragments and S^T together with dP^T. ptxas (nvcc 13.0) fits both orders at both head
-  // dims without spills (perf/NOTES.md, v13); false is the A/B to run on a GPU.
-  static constexpr bool kEarlyDv = true;
+  // P^T fragments and S^T together with dP^T: in the instances without SDPA's arguments at
+  // D = 128 (kEarlyDvPlain), elsewhere after it. At 255 registers both orders fit at both head
+  // dims (perf/NOTES.md, v13); at the consumers' 240 (ptxas, v33), D = 64's early dV has the
+  // wgmmas serialized (C7512), and at D = 128 the mask and dropout instances spill 68 and 156
+  // bytes more with it; the plain D = 128 one spills nothing either way.
+  static constexpr bool kEarlyDvPlain = kHeadDim != 64;
   // The warpgroup index read from lane 0 (CUTLASS's canonical_warp_group_idx), so that the
   // descriptors of K, V and dQ are computed in uniform registers: measured on an H200 at S = 4096
   // (perf/NOTES.md, v15), 4-5% faster at D = 64 and 1-3% slower at D = 128.
@@ -117,15 +127,12 @@ struct BackwardTile {
   static constexpr uint32_t kDsBytes = kBlockN * kBlockM * 2;    // one buffer of dS^T
   static constexpr uint32_t kStatsBytes = 2 * kBlockM * 4;       // one buffer of lse, delta
   static constexpr uint32_t kDqBytes = kBlockM * kHeadDim * 4;   // the staged f32 dQ block
-  // The mbarriers (8 bytes each; 8 of them at most): in the 1024 bytes spare for aligning the
-  // tiles, where the CTA finds room for them (flash_backward_sm90_cta.cuh).
-  static constexpr uint32_t kBarrierBytes = 64;
+  // The mbarriers (8 bytes each; 16 of them at most): in the 1024 bytes spare for aligning the
+  // tiles, where the CTA finds room for them (BackwardSmem, flash_backward_sm90_producer.cuh).
+  static constexpr uint32_t kBarrierBytes = 128;
   // Two buffers of dS^T, the tiles 1024-byte aligned.
-  static constexpr std::size_t kWgmmaSmemBytes =
+  static constexpr std::size_t kSmemBytes =
       2 * kKVBytes + 4 * kQBytes + 2 * kDsBytes + 2 * kStatsBytes + kDqBytes + 1024;
-  static constexpr std::size_t kSmemBytes = kWgmmaSmemBytes > Fallback::kSmemBytes
-                                                ? kWgmmaSmemBytes
-                                                : Fallback::kSmemBytes;
   // With a mask: its entries of one block, [kBlockM queries][kBlockN keys] (mask_slot), room
   // for float32; at D = 64 in place of the second dS^T buffer and 32 KB more (227 KB in all).
   static constexpr uint32_t kMaskBytes = kBlockM * kBlockN * 4;
@@ -140,8 +147,9 @@ struct BackwardTile {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "one or two 64-element runs per row");
   static_assert(kBlockM == 64 || kBlockM == 128, "wgmma N of S^T: 64 or 128 queries");
   static_assert(kDqRowGroups * (kHeadDim / 64) == 2, "one 64 x 64 dQ tile per warpgroup");
-  static_assert(Fallback::kThreads == kThreads && Fallback::kBlockN == kBlockN,
-                "the mma.sync body runs on the same grid and block");
+  static_assert(Fallback::kBlockN == kBlockN, "the mma.sync backward's grid and workspace");
+  static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536,
+                "setmaxnreg: more registers than the SM has");
   static_assert(kMaskedSmemBytes <= 227 * 1024 && kUnmaskedSmemBytes <= 227 * 1024,
                 "over sm_90's 227 KB of shared memory per block");
 };
