@@ -5,8 +5,8 @@
 // and dV per query head for the caller to sum, and a mask and dropout, as the forward does);
 // the caller then runs the generic kernels of attention_kernels.cuh, which compute the same
 // gradients. On Hopper (compute capability 9.0) flash_backward_sm90.cuh (wgmma) is tried
-// first; it reuses the prologue and dq kernels here, and its main kernel runs
-// flash_backward_cta below in images without wgmma.
+// first; it reuses the prologue and dq kernels here (and this file's kernel runs where the
+// library has no sm_90a image).
 //
 // No torch includes: CI compile-checks it without a GPU (kata/toolchain/builders.py). The fragment
 // layouts of mma.m16n8k16 and ldmatrix are spelled out in flash_common.cuh's header comment.
@@ -103,7 +103,7 @@ namespace flash {
 // ------------------------------------------------------------------------ the main kernel
 
 // kArgs: which of the mask and dropout it compiles (flash_common.cuh, ScoreArgs).
-template <typename T, class F, bool kSwizzledDq, int kArgs>
+template <typename T, class F, int kArgs>
 __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,             // (B, L, D)
                                                    const T* __restrict__ k,             // (B, S, D)
                                                    const T* __restrict__ v,             // (B, S, D)
@@ -398,7 +398,7 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
       float* const dq_rows = dq_accum + (b * rows_padded + m0 + 16 * dq_mt + g) * D + 2 * t;
 #pragma unroll
       for (int j = 0; j < kDqTiles; ++j) {
-        const int chunk = kSwizzledDq ? swizzled_dq_chunk(dq_chunk0 + j, g) : dq_chunk0 + j;
+        const int chunk = dq_chunk0 + j;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           red_add_f32x2(dq_rows + 8 * h * D + 8 * chunk, dq[j][2 * h], dq[j][2 * h + 1]);
@@ -458,8 +458,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                           const AttentionProblem p, const int64_t rows_padded,
                           const bool longest_first) {  // causal work order (see the launcher)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  flash_backward_cta<T, F, false, kArgs>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p,
-                                         rows_padded, longest_first);
+  flash_backward_cta<T, F, kArgs>(q, k, v, dout, lse_log2, delta, dq_accum, dk, dv, p,
+                                  rows_padded, longest_first);
 #endif  // __CUDA_ARCH__ >= 800
 }
 

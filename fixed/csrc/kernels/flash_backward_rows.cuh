@@ -6,7 +6,7 @@
 //     accumulator. Memory-bound: reads dO and O.
 //   flash_backward_dq_kernel: dQ = scale * accumulator, rounded to the input dtype. The
 //     accumulator is plain row-major (B, Lp, D) for the mma.sync kernel; the wgmma kernel's
-//     swizzles it (swizzled_dq_chunk), which that kernel's mma.sync body follows.
+//     swizzles it (swizzled_dq_chunk).
 //
 // No torch includes: CI compile-checks it without a GPU (kata/toolchain/builders.py).
 #ifndef FIXED_FLASH_BACKWARD_ROWS_CUH_
@@ -261,9 +261,6 @@ __device__ __forceinline__ void load_row_stats(uint32_t lse_dst, uint32_t delta_
   }
 }
 
-// The whole CTA's work, every work item of the grid-stride loop (sm_80 and later). A device
-// function so that the sm_90a kernel (flash_backward_sm90.cuh) can run it as its body in images
-// without wgmma; that kernel's dQ accumulator is swizzled (kSwizzledDq, swizzled_dq_chunk).
 // ------------------------------------------------------------------------ the dq kernel
 
 // dQ's rows hold D elements, or with kAsIs head_dim (E, a multiple of 8, at most D): the

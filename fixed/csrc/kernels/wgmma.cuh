@@ -90,10 +90,6 @@ __device__ __forceinline__ void bulk_commit_group() {
 __device__ __forceinline__ void bulk_wait_group_read_all() {
   FIXED_WGMMA_ASM("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
-// Until every committed bulk group but the newest has finished reading its source.
-__device__ __forceinline__ void bulk_wait_group_read_all_but_newest() {
-  FIXED_WGMMA_ASM("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
-}
 // Until every committed bulk group has completed (its global writes performed).
 __device__ __forceinline__ void bulk_wait_group_all() {
   FIXED_WGMMA_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
