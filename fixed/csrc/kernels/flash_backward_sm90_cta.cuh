@@ -42,7 +42,8 @@
 //      D = 128, R = 64: both take the 64 queries, warpgroup wg head dims 64 wg ..): 8 wgmma
 //      m64n64k16 over the 128 keys, A = dS read from the stored dS^T ([key][query], query
 //      contiguous) as an MN-major A (imm-trans-a), B = K ([key][d]) MN-major (imm-trans-b).
-//      With dropout, the next block's keep bits are drawn while dV, dK and dQ run.
+//      With dropout, the next block's keep bits are drawn before the barrier, while dV and
+//      dK run (after dQ's issue, 24 bytes more spill at D = 128: ptxas, perf/NOTES.md v34).
 //   9. Wait for all of it; dQ's f32 accumulator to the dQ stage in shared memory (element
 //      dq[4 j + e] is query 64 (row group) + 16 (warp & 3) + g + 8 (e >> 1) of the block, head
 //      dim 64 (column group) + 8 j + 2 t + (e & 1)), in the layout of the workspace rows
@@ -195,7 +196,7 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
     bool masked = reads_mask(m0);
     // Dropout's keep bits of query block m: bit i for element s[i]. Tiles j, j + 1 are one
     // Philox call each for four lanes, whose bit 4 jj + e is element e of tile j + jj. Drawn
-    // for the next block during step 8 (beside S^T they ran 5% slower at D = 64, v29).
+    // for the next block before step 8's barrier (beside S^T they ran 5% slower at D = 64, v29).
     const auto draw_keep_bits = [&](int64_t m, uint32_t(&bits)[kKeptWords]) {
       uint64_t counter = dropout::block_counter(b, m + 8 * (slot >> 1) + 2 * t,
                                                 n0 + key_row0 + g + 8 * (slot & 1), L, S);
@@ -409,6 +410,9 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       // of the stored dS^T, MN-major (k-step kk: keys 16 kk .. + 15, 16 rows further; LBO
       // unused at M = 64). B: head dims 64 dq_col .. of K, MN-major. The consumers' one barrier
       // per block (a named barrier: the producer warpgroup does not take part).
+      if (has_dropout && following < L) {  // kept's bits of this block are in p_frag, dS^T
+        draw_keep_bits(following, kept);
+      }
       named_barrier_sync(F::kConsumersBarrier, F::kConsumerThreads);
       float dq[32];
       wgmma_fence();
@@ -421,9 +425,6 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
         wgmma_m64n64k16_ss_mn<T>(dq, desc_ds, desc_k, kk > 0);
       }
       wgmma_commit_group();
-      if (has_dropout && following < L) {  // kept's bits of this block are in p_frag, dS^T
-        draw_keep_bits(following, kept);
-      }
       wgmma_wait_group<0>();  // dV, dK and dQ; p_frag and ds_frag are free again
       wgmma_fence_operands(dv_acc);
       wgmma_fence_operands(dk_acc);
