@@ -311,8 +311,9 @@ using BackwardMainKernel = void(const T*, const T*, const T*, const T*, const fl
 // F::kDimParts work items each, the workspace padded to F::kBlockM rows, which are `rows`);
 // kSwizzledDq: it leaves the dQ accumulator swizzled (swizzled_dq_chunk); kAsIs: E and Ev from
 // the problem (the rows of dQ, dO, O), else F's D. After a failed launch it stops, leaving the
-// error for the caller's launch check.
-template <typename T, class F, bool kSwizzledDq, bool kAsIs, class LaunchMain>
+// error for the caller's launch check. kWgmmaOrder: the causal order of the wgmma kernels
+// (wgmma_backward_longest_first_pays), else longest_first_pays.
+template <typename T, class F, bool kSwizzledDq, bool kAsIs, bool kWgmmaOrder, class LaunchMain>
 void backward_launches(const LaunchMain& launch_main, const T* dout, const T* out,
                        const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
                        const AttentionProblem& p, cudaStream_t stream) {
@@ -330,8 +331,10 @@ void backward_launches(const LaunchMain& launch_main, const T* dout, const T* ou
   // a kernel of 64-key blocks (the wide one) adds twice as often per FLOP as the 128-key ones
   // the rule was fitted to, its head dim counted twice (perf/NOTES.md, v26); the mask.
   const int64_t streamed_dims = p.head_dim * (128 / F::kBlockN);
-  const bool longest_first = (p.causal && longest_first_pays(p.batch, p.len_q, streamed_dims)) ||
-                             mask_shared_by_neighbours(p);
+  const bool pays = kWgmmaOrder
+                        ? wgmma_backward_longest_first_pays(p.batch, p.len_q, streamed_dims)
+                        : longest_first_pays(p.batch, p.len_q, streamed_dims);
+  const bool longest_first = (p.causal && pays) || mask_shared_by_neighbours(p);
   launch_main(kernels::detail::grid_for(work), rows, longest_first);
   if (cudaPeekAtLastError() != cudaSuccess) {
     return;
@@ -345,7 +348,8 @@ void backward_launches(const LaunchMain& launch_main, const T* dout, const T* ou
 }
 
 // backward_launches with `kernel` as the main kernel, `smem_bytes` of dynamic shared memory.
-template <typename T, class F, bool kSwizzledDq = false, bool kAsIs = false>
+template <typename T, class F, bool kSwizzledDq = false, bool kAsIs = false,
+          bool kWgmmaOrder = false>
 void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* dout, const T* q,
               const T* k, const T* v, const T* out, const float* lse, float* lse_log2,
               float* delta, float* dq_accum, T* dq, T* dk, T* dv, const AttentionProblem& p,
@@ -355,8 +359,8 @@ void backward(BackwardMainKernel<T>* kernel, std::size_t smem_bytes, const T* do
     kernel<<<grid, F::kThreads, smem_bytes, stream>>>(q, k, v, dout, lse_log2, delta, dq_accum,
                                                       dk, dv, p, rows, longest_first);
   };
-  backward_launches<T, F, kSwizzledDq, kAsIs>(launch_main, dout, out, lse, lse_log2, delta,
-                                              dq_accum, dq, p, stream);
+  backward_launches<T, F, kSwizzledDq, kAsIs, kWgmmaOrder>(launch_main, dout, out, lse, lse_log2,
+                                                           delta, dq_accum, dq, p, stream);
 }
 
 }  // namespace detail

@@ -149,7 +149,7 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
     kernel<<<grid, F::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, lse_log2, delta,
                                                 dq_accum, dk, dv, p, rows, longest_first);
   };
-  detail::backward_launches<T, typename F::Fallback, true, kAsIs>(
+  detail::backward_launches<T, typename F::Fallback, true, kAsIs, true>(
       launch_main, dout, out, lse, lse_log2, delta, dq_accum, dq, p, stream);
   return true;
 #else  // a toolkit without tensor maps (nor wgmma)
@@ -178,9 +178,9 @@ bool launch_backward_wide(const T* dout, const T* q, const T* k, const T* v, con
   if (!has_sm90a_image(kernel)) {
     return false;
   }
-  detail::backward<T, BackwardTileWide, true, kAsIs>(kernel, BackwardTileWide::kSmemBytes, dout,
-                                                     q, k, v, out, lse, lse_log2, delta,
-                                                     dq_accum, dq, dk, dv, p, stream);
+  detail::backward<T, BackwardTileWide, true, kAsIs, true>(kernel, BackwardTileWide::kSmemBytes,
+                                                           dout, q, k, v, out, lse, lse_log2,
+                                                           delta, dq_accum, dq, dk, dv, p, stream);
   return true;
 }
 

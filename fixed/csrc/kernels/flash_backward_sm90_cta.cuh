@@ -68,7 +68,8 @@
 // m0 < n0 + key_row0 + 15 (some query of the block before some key of the warp) are masked,
 // element by element: query m0 + 8 j + 2 t + (e & 1) < key n0 + key_row0 + g + 8 (e >> 1) gives
 // P = 0, hence dS = 0. Key blocks past the last query row write zero dK and dV. Work items go
-// out in flash_backward.cuh's order (longest first where longest_first_pays, else batch-major).
+// out in flash_backward.cuh's order (longest first where wgmma_backward_longest_first_pays, else
+// batch-major).
 // Tails, zero-filled by TMA: query rows past L have lse +inf in the padded workspace,
 // so P = dS = 0; key rows past S have finite P and dS but their dK, dV rows are never stored
 // and their dS meets zero rows of K in dQ.

@@ -98,7 +98,7 @@ struct BackwardSmem {
 };
 
 // Work item `item` of the grid-stride loop: its batch item b and first key n0 (flash_backward.cuh's
-// order: longest first where longest_first_pays, else batch-major).
+// order: longest first where wgmma_backward_longest_first_pays, else batch-major).
 struct BackwardItem {
   int64_t b, n0;
 };

@@ -462,6 +462,18 @@ inline int64_t l2_bytes() {
   return bytes;
 }
 
+// The current device's number of SMs, 0 where it cannot be read.
+inline int64_t multiprocessors() {
+  int device = 0;
+  int count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();  // not the caller's error: every work order is as correct
+    return 0;
+  }
+  return count;
+}
+
 // The order of causal work items (the kernels' longest_first argument). Batch-major lets the
 // longest items of the last batch items start last and finish alone; longest first over the whole
 // grid avoids that tail, but then every batch item's stream (K and V forward, Q and dO backward)
@@ -472,6 +484,23 @@ inline int64_t l2_bytes() {
 inline bool longest_first_pays(int64_t batch, int64_t stream_rows, int64_t head_dim) {
   const int64_t streamed_bytes = batch * stream_rows * head_dim * 2 * 2;
   return streamed_bytes <= 3 * l2_bytes();
+}
+
+// The same choice for the wgmma backwards (one work item per CTA, started in blockIdx order),
+// measured on an H100 (perf/NOTES.md, v34; causal, the backward alone, 14 shapes). Longest
+// first has the CTAs running at once take the first key blocks of every batch item, each
+// streaming its item's Q and dO from the top; batch-major has them take most key blocks of a
+// few items, which stream the same Q and dO. So longest first pays where every batch item's Q
+// and dO fit in L2 together (D = 64 at (B x H, S) = (64, 2048): 1.03x batch-major's speed), or
+// where the CTAs running at once hold 4 or more key blocks of each item, which then stream
+// together (B x H of 16 and 32 at S = 4096 and 8192: 1.06-1.18x). Elsewhere batch-major: at
+// B x H = 64, D = 128, 1.16x at S = 2048 and 1.35x at 4096 (where longest_first_pays chose
+// longest first), 1.55-1.81x above; D = 64 even at 4096, 1.06x at 8192. One shape ran against
+// the rule: D = 64 at (16, 16384), batch-major 1.05x.
+inline bool wgmma_backward_longest_first_pays(int64_t batch, int64_t stream_rows,
+                                              int64_t head_dim) {
+  const int64_t streamed_bytes = batch * stream_rows * head_dim * 2 * 2;
+  return streamed_bytes <= l2_bytes() || 4 * batch <= multiprocessors();
 }
 
 // Whether the kernels should take a masked problem's work items batch-minor (their
