@@ -439,10 +439,12 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
     return false;  // 16-byte cp.async and TMA
   }
   // The warp-specialized kernel where it can run (sm_90a images, a mask TMA can read), at the
-  // narrowest of 64, 128 and 256 that holds E and Ev.
+  // narrowest of 64, 128 and 256 that holds E and Ev; at 128, V's 64 columns alone where Ev fits.
   namespace ws = sm90_ws;
   const bool warp_specialized =
       widest <= 64    ? ws::launch<T, ws::Tile64, ws::Tile64Args>(q, k, v, out, lse, p, stream)
+      : widest <= 128 && value_dim(p) <= 64
+          ? ws::launch<T, ws::Tile128Ev64, ws::Tile128Args>(q, k, v, out, lse, p, stream)
       : widest <= 128 ? ws::launch<T, ws::Tile128, ws::Tile128Args>(q, k, v, out, lse, p, stream)
                       : ws::launch<T, ws::Tile256, ws::Tile256Args>(q, k, v, out, lse, p, stream);
   if (warp_specialized) {

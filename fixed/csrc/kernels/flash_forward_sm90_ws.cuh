@@ -1,7 +1,7 @@
 // The forward for Hopper, warp-specialized (FlashAttention-3's structure; perf/NOTES.md, v20,
 // v21): bf16/fp16, causal or not, GQA, an additive mask (loaded by TMA; blocks it hides
 // skipped) and dropout; head dims E and Ev up to 256, multiples of 8, computed at D = 64, 128 or
-// 256:
+// 256 (V and O at 64 where Ev <= 64 < E <= 128, without a mask or dropout: Tile128Ev64):
 // the TMA loads fill the columns past E (Q, K) and Ev (V) with zeros, which add nothing to
 // Q K^T and give output columns the kernel does not write. No padded copies. A TMA producer
 // warp, two or three consumer warpgroups with setmaxnreg, softmax under the next P V, ping-pong
@@ -52,8 +52,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
   extern __shared__ uint4 ws_smem[];
   const uint32_t q_tile = (smem_addr(ws_smem) + 1023u) & ~1023u;  // swizzle atoms: 1024 bytes
   const uint32_t k_tiles = q_tile + F::kQBytes;
-  const uint32_t v_tiles = k_tiles + F::kStages * F::kKVBytes;
-  const uint32_t mask_tiles = v_tiles + F::kStages * F::kKVBytes;
+  const uint32_t v_tiles = k_tiles + F::kStages * F::kKBytes;
+  const uint32_t mask_tiles = v_tiles + F::kStages * F::kVBytes;
   const Barriers<F> bar{mask_tiles + F::kMaskStages * F::kMaskBytes};
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
@@ -164,7 +164,7 @@ bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
   constexpr int64_t kMaxCoordinate = std::numeric_limits<int32_t>::max();  // TMA's coordinates
   static_assert(FArgs::kHeadDim == F::kHeadDim);
   const int64_t E = p.head_dim, Ev = value_dim(p);
-  if (E <= 0 || E > F::kHeadDim || E % 8 != 0 || Ev <= 0 || Ev > F::kHeadDim || Ev % 8 != 0 ||
+  if (E <= 0 || E > F::kHeadDim || E % 8 != 0 || Ev <= 0 || Ev > F::kValueDim || Ev % 8 != 0 ||
       p.len_kv <= 0 || p.kv_group <= 0 || p.batch % p.kv_group != 0 || p.len_q > kMaxCoordinate ||
       p.len_kv > kMaxCoordinate || p.batch > kMaxCoordinate) {
     return false;
@@ -228,6 +228,9 @@ using Tile64 = Tile<64, 128, 3, false, 0, 3>;
 using Tile128 = Tile<128, 128, 3, true>;
 using Tile64Args = Tile<64, 128, 2, false, 2>;
 using Tile128Args = Tile<128, 128, 2, true, 1>;
+// Ev <= 64 under 64 < E <= 128 (the bench's Ev = D / 2 at D = 128), without a mask or
+// dropout: P V at 64 columns, not 128 of which half are zeros (perf/NOTES.md, v34).
+using Tile128Ev64 = Tile<128, 128, 3, true, 0, 2, float, 64>;
 // D = 256 (O is 128 of a consumer's 240 registers): key blocks of 64, two K and V stages (193
 // KB; with a mask stage 225 KB), ping-pong.
 using Tile256 = Tile<256, 64, 2, true>;

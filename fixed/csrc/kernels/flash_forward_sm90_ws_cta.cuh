@@ -29,12 +29,11 @@
 // and 2), so one warpgroup's softmax runs while the other's products occupy the tensor cores.
 //
 // ------------------------------------------------------------------------- shared memory
-// 1024-byte aligned: Q (kBlockM x D), kStages K buffers, kStages V buffers (kBlockN x D each),
-// every tile as D / 64 halves of [rows][64] with the 128-byte swizzle, which is how TMA writes a
-// 64-element box with CU_TENSOR_MAP_SWIZZLE_128B and how wgmma.cuh's descriptors read it;
-// kMaskStages mask tiles (flash_forward_sm90_ws_args.cuh). Then the mbarriers: Q full / empty,
-// K full / empty and V full / empty per stage, mask full / empty per mask stage. "Full" barriers
-// expect one arrival (the producer's, with the bytes); "empty" ones one per consumer warp.
+// 1024-byte aligned: Q (kBlockM x D), kStages K (kBlockN x D) and V (kBlockN x kValueDim)
+// buffers, each as 64-column halves of [rows][64] with the 128-byte swizzle (TMA's 64-element
+// box with CU_TENSOR_MAP_SWIZZLE_128B, wgmma.cuh's descriptors); kMaskStages mask tiles
+// (flash_forward_sm90_ws_args.cuh). Then the mbarriers: "full" ones expect the producer's
+// arrival with the bytes, "empty" ones one arrival per consumer warp.
 //
 // No torch includes: CI compile-checks this header for sm_90a and sm_90 without a GPU.
 #ifndef FIXED_FLASH_FORWARD_SM90_WS_CTA_CUH_
@@ -62,14 +61,16 @@ namespace sm90_ws {
 // kMaskStages: buffers of mask tiles (0: a tiling for problems without a mask or dropout).
 // kConsumers: consumer warpgroups of 64 rows each, 2 or 3 (FlashAttention-3's 192-row tiles at
 // D = 64). MaskEntry: float, or the inputs' 16-bit dtype (mask_in_input_dtype; WithMaskEntry).
+// kValueDim: V's and O's columns, kHeadDim or a narrower 64 (Ev <= 64 under E <= 128).
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, int kMaskStages_ = 0,
-          int kConsumers_ = 2, typename MaskEntry_ = float>
+          int kConsumers_ = 2, typename MaskEntry_ = float, int kValueDim_ = kHeadDim_>
 struct Tile {
   using MaskEntry = MaskEntry_;
   template <typename Entry>
-  using WithMaskEntry =
-      Tile<kHeadDim_, kBlockN_, kStages_, kPingPong_, kMaskStages_, kConsumers_, Entry>;
+  using WithMaskEntry = Tile<kHeadDim_, kBlockN_, kStages_, kPingPong_, kMaskStages_,
+                             kConsumers_, Entry, kValueDim_>;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kValueDim = kValueDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
@@ -79,10 +80,11 @@ struct Tile {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerWarps = 4 * kConsumers;
   static constexpr int kNTiles = kBlockN / 8;   // 8-key column tiles of S per warp
-  static constexpr int kDTiles = kHeadDim / 8;  // 8-wide column tiles of O per warp
+  static constexpr int kDTiles = kValueDim / 8;  // 8-wide column tiles of O per warp
   static constexpr uint32_t kRowBytes = 128;    // one 64-element half row
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * 2;
+  static constexpr uint32_t kVBytes = kBlockN * kValueDim * 2;
   // The mask (flash_forward_sm90_ws_args.cuh): per key block kMaskBoxes boxes of kBlockM rows x
   // 128 bytes (32 float32 keys, 64 16-bit ones).
   static constexpr int kMaskKeysPerBox = 128 / static_cast<int>(sizeof(MaskEntry));
@@ -90,17 +92,16 @@ struct Tile {
   static constexpr uint32_t kMaskBoxBytes = kBlockM * 128;
   static constexpr uint32_t kMaskBytes = kMaskBoxes * kMaskBoxBytes;
   static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages + 2 * kMaskStages);
-  static constexpr std::size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes +
+  static constexpr std::size_t kSmemBytes = 1024 + kQBytes + kStages * (kKBytes + kVBytes) +
                                             kMaskStages * kMaskBytes + kBarrierBytes;
   // The register file (64 K) less the producer's 24 per thread, shared by the consumers in
   // multiples of 8, at most 240: 240 for two consumer warpgroups, 160 for three.
   static constexpr uint32_t kProducerRegisters = 24;
-  static constexpr uint32_t kConsumerRegisters =
-      (65536 - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8 > 240
-          ? 240
-          : (65536 - 128 * kProducerRegisters) / (128 * kConsumers) / 8 * 8;
+  static constexpr uint32_t kSpare = (65536 - 128 * kProducerRegisters) / (128 * kConsumers);
+  static constexpr uint32_t kConsumerRegisters = kSpare / 8 * 8 > 240 ? 240 : kSpare / 8 * 8;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "one, two or four 64-element parts per row");
+  static_assert(kValueDim == kHeadDim || kValueDim == 64, "V: kHeadDim or 64 columns");
   static_assert(kBlockN == 64 || kBlockN == 128, "wgmma n64 or n128 for S");
   static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536);
   static_assert(kConsumers == 2 || kConsumers == 3, "rows: 128 or 192 (TMA boxes <= 256)");
@@ -108,27 +109,22 @@ struct Tile {
   static_assert(kSmemBytes <= 227 * 1024, "an H100's shared memory per block");
 };
 
-// The mbarriers, after the tiles.
+// The mbarriers, after the tiles: Q full and empty, K full, K empty, V full, V empty per
+// stage, mask full, mask empty per mask stage.
 template <class F>
 struct Barriers {
+  static constexpr uint32_t kS = F::kStages, kM = F::kMaskStages;
   uint32_t base;
-  __device__ __forceinline__ uint32_t q_full() const { return base; }
-  __device__ __forceinline__ uint32_t q_empty() const { return base + 8; }
-  __device__ __forceinline__ uint32_t k_full(uint32_t stage) const { return base + 16 + 8 * stage; }
-  __device__ __forceinline__ uint32_t k_empty(uint32_t stage) const {
-    return base + 16 + 8 * (F::kStages + stage);
-  }
-  __device__ __forceinline__ uint32_t v_full(uint32_t stage) const {
-    return base + 16 + 8 * (2 * F::kStages + stage);
-  }
-  __device__ __forceinline__ uint32_t v_empty(uint32_t stage) const {
-    return base + 16 + 8 * (3 * F::kStages + stage);
-  }
-  __device__ __forceinline__ uint32_t mask_full(uint32_t stage) const {
-    return base + 16 + 8 * (4 * F::kStages + stage);
-  }
-  __device__ __forceinline__ uint32_t mask_empty(uint32_t stage) const {
-    return base + 16 + 8 * (4 * F::kStages + F::kMaskStages + stage);
+  __device__ __forceinline__ uint32_t at(uint32_t i) const { return base + 8 * i; }
+  __device__ __forceinline__ uint32_t q_full() const { return at(0); }
+  __device__ __forceinline__ uint32_t q_empty() const { return at(1); }
+  __device__ __forceinline__ uint32_t k_full(uint32_t st) const { return at(2 + st); }
+  __device__ __forceinline__ uint32_t k_empty(uint32_t st) const { return at(2 + kS + st); }
+  __device__ __forceinline__ uint32_t v_full(uint32_t st) const { return at(2 + 2 * kS + st); }
+  __device__ __forceinline__ uint32_t v_empty(uint32_t st) const { return at(2 + 3 * kS + st); }
+  __device__ __forceinline__ uint32_t mask_full(uint32_t st) const { return at(2 + 4 * kS + st); }
+  __device__ __forceinline__ uint32_t mask_empty(uint32_t st) const {
+    return at(2 + 4 * kS + kM + st);
   }
 };
 
@@ -257,7 +253,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
                                         const Barriers<F> bar, uint32_t q_tile, uint32_t k_tiles,
                                         uint32_t v_tiles, uint32_t mask_tiles,
                                         const AttentionProblem& p, bool longest_first) {
-  constexpr int kHalves = F::kHeadDim / 64;
+  constexpr int kHalves = F::kHeadDim / 64, kValueHalves = F::kValueDim / 64;
   const int64_t row_blocks = ceil_div(p.len_q, F::kBlockM);
   const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
   const bool skips = kArgs != kNoArgs && skips_hidden_blocks(p);
@@ -283,12 +279,12 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
       const uint32_t stage = pipe % F::kStages;
       const uint32_t parity = (pipe / F::kStages) & 1;
       const int key0 = block * F::kBlockN;
-      const uint32_t offset = stage * F::kKVBytes;
       mbarrier_wait(bar.k_empty(stage), parity ^ 1);
-      mbarrier_arrive_expect_tx(bar.k_full(stage), F::kKVBytes);
+      mbarrier_arrive_expect_tx(bar.k_full(stage), F::kKBytes);
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
-        tma_load_3d(k_tiles + offset + half * F::kBlockN * F::kRowBytes, k_map, 64 * half, key0,
+        tma_load_3d(k_tiles + stage * F::kKBytes + half * F::kBlockN * F::kRowBytes, k_map,
+                    64 * half, key0,
                     kv_item, bar.k_full(stage));
       }
       if constexpr (kArgs != kNoArgs && F::kMaskStages > 0) {
@@ -302,10 +298,11 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
         }
       }
       mbarrier_wait(bar.v_empty(stage), parity ^ 1);
-      mbarrier_arrive_expect_tx(bar.v_full(stage), F::kKVBytes);
+      mbarrier_arrive_expect_tx(bar.v_full(stage), F::kVBytes);
 #pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-        tma_load_3d(v_tiles + offset + half * F::kBlockN * F::kRowBytes, v_map, 64 * half, key0,
+      for (int half = 0; half < kValueHalves; ++half) {
+        tma_load_3d(v_tiles + stage * F::kVBytes + half * F::kBlockN * F::kRowBytes, v_map,
+                    64 * half, key0,
                     kv_item, bar.v_full(stage));
       }
     }
@@ -343,12 +340,12 @@ __device__ __forceinline__ void issue_pv(float (&o)[F::kDTiles * 4],
   for (int kk = 0; kk < F::kBlockN / 16; ++kk) {
     const uint64_t desc_v = sw128_descriptor(v_tile + kk * 16 * F::kRowBytes,
                                              F::kBlockN * F::kRowBytes, 1024);
-    if constexpr (F::kHeadDim == 256) {  // two products of 128 columns: V's parts 0-1, 2-3
+    if constexpr (F::kValueDim == 256) {  // two products of 128 columns: V's parts 0-1, 2-3
       const uint64_t desc_v_upper =
           sw128_descriptor(v_tile + 2 * F::kBlockN * F::kRowBytes + kk * 16 * F::kRowBytes,
                            F::kBlockN * F::kRowBytes, 1024);
       wgmma_m64n256k16_rs<T>(o, p_frag[kk], desc_v, desc_v_upper);
-    } else if constexpr (F::kHeadDim == 128) {
+    } else if constexpr (F::kValueDim == 128) {
       wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);
     } else {
       wgmma_m64n64k16_rs<T>(o, p_frag[kk], desc_v);
@@ -388,10 +385,10 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
                                         uint32_t v_tiles, uint32_t mask_tiles,
                                         const AttentionProblem& p, bool longest_first,
                                         int consumer, int warp_in_group, int lane) {
-  constexpr int D = F::kHeadDim, kBlockM = F::kBlockM, kBlockN = F::kBlockN;
+  constexpr int Dv = F::kValueDim, kBlockM = F::kBlockM, kBlockN = F::kBlockN;
   constexpr int kNTiles = F::kNTiles, kDTiles = F::kDTiles, kStages = F::kStages;
   constexpr int kMaskRing = F::kMaskStages > 0 ? F::kMaskStages : 1;
-  constexpr uint32_t kKVBytes = F::kKVBytes;
+  constexpr uint32_t kKBytes = F::kKBytes, kVBytes = F::kVBytes;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
   constexpr unsigned kFullMask = 0xffffffffu;
@@ -489,7 +486,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       take_turn();
       wgmma_fence_operands(s);
       wgmma_fence();
-      issue_s<T, F>(s, q_rows, k_tiles + stage * kKVBytes);
+      issue_s<T, F>(s, q_rows, k_tiles + stage * kKBytes);
       pass_turn();
       draw(block);
       wgmma_wait_group<0>();
@@ -518,8 +515,8 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
         wgmma_fence_operands(o);
         wgmma_fence_operands(s);
         wgmma_fence();
-        issue_s<T, F>(s, q_rows, k_tiles + stage * kKVBytes);
-        issue_pv<T, F>(o, p_frag, v_tiles + previous * kKVBytes);
+        issue_s<T, F>(s, q_rows, k_tiles + stage * kKBytes);
+        issue_pv<T, F>(o, p_frag, v_tiles + previous * kVBytes);
         pass_turn();
         draw(block);
         wgmma_wait_group<1>();  // S_j done; P V may still run
@@ -553,7 +550,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       take_turn();
       wgmma_fence_operands(o);
       wgmma_fence();
-      issue_pv<T, F>(o, p_frag, v_tiles + last * kKVBytes);
+      issue_pv<T, F>(o, p_frag, v_tiles + last * kVBytes);
       pass_turn();
       wgmma_wait_group<0>();
       wgmma_fence_operands(o);
@@ -562,7 +559,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
     }
 
     // O / rowsum straight to global memory (each warp writes whole rows), lse. Only the first
-    // Ev of the tile's D columns exist (Ev a multiple of 8: whole column tiles).
+    // Ev of the tile's Dv columns exist (Ev a multiple of 8: whole column tiles).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = r.row_sum[h];
@@ -574,7 +571,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
         T* const out_row = out + (w.b * L + row) * value_dim(p);
 #pragma unroll
         for (int j = 0; j < kDTiles; ++j) {
-          if (D == value_dim(p) || 8 * j < value_dim(p)) {
+          if (Dv == value_dim(p) || 8 * j < value_dim(p)) {
             *reinterpret_cast<uint32_t*>(out_row + 8 * j + 2 * r.t) =
                 pack2<T>(o[4 * j + 2 * h] * inv_sum, o[4 * j + 2 * h + 1] * inv_sum);
           }
