@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HEADS = 16
 
 # name: (batch, seq, head dim, mask kind, dropout_p), grouped as --cases takes them. Mask kinds:
-# "float", "bool" (tensors), "causal" (is_causal=True), None.
+# "float", "bool" (tensors), "causal" (is_causal=True), None; "ev-half": no mask, V (and the
+# output) with half the head dim's columns (the bench's Ev = D / 2).
 CASES = {
     "masks": {
         "float-64-2048": (4, 2048, 64, "float", 0.0),
@@ -47,6 +48,11 @@ CASES = {
         "plain-64-8192": (1, 8192, 64, None, 0.0),
         "plain-128-8192": (1, 8192, 128, None, 0.0),
     },
+    "values": {
+        "ev-64": (4, 2048, 64, "ev-half", 0.0),
+        "ev-128": (4, 2048, 128, "ev-half", 0.0),
+        "ev-128-8192": (1, 8192, 128, "ev-half", 0.0),
+    },
     "causal": {
         "causal-64": (4, 2048, 64, "causal", 0.0),
         "causal-128": (4, 2048, 128, "causal", 0.0),
@@ -58,11 +64,12 @@ ALL_CASES = {name: case for group in CASES.values() for name, case in group.item
 
 def inputs(batch, seq, dim, mask_kind):
     generator = torch.Generator(device="cuda").manual_seed(0)
+    value_dim = dim // 2 if mask_kind == "ev-half" else dim
     q, k, v, grad = (
         torch.randn(
-            batch, HEADS, seq, dim, device="cuda", dtype=torch.bfloat16, generator=generator
+            batch, HEADS, seq, width, device="cuda", dtype=torch.bfloat16, generator=generator
         )
-        for _ in range(4)
+        for width in (dim, dim, value_dim, value_dim)
     )
     mask = None
     if mask_kind == "float":  # the bench's: a bias per (query, key), shared by batch and heads
