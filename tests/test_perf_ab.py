@@ -1,0 +1,89 @@
+"""perf/ab.py, the A/B of two checkouts: rounds alternate which runs first, args_times.py's rows
+are read and their medians compared, and bad input or a failed run gets one line. On the CPU,
+with stand-ins for args_times.py that print fixed times."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "perf" / "ab.py"
+_spec = importlib.util.spec_from_file_location("perf_ab", SCRIPT)
+ab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab)
+
+# Two rows as args_times.py prints them.
+ROWS = (
+    "plain-64           (4, 16, 2048, 64): fwd 0.2000 ms vs SDPA 0.1767 (0.88x)"
+    "  fwd+bwd 0.7000 vs 0.6984 (1.00x)\n"
+    "plain-128          (4, 16, 2048, 128): fwd 0.3000 ms vs SDPA 0.2516 (0.84x)"
+    "  fwd+bwd 1.2000 vs 1.1076 (0.92x)\n"
+)
+
+
+def stand_in(directory: Path, scale: float, fail: bool = False) -> Path:
+    """A checkout whose perf/args_times.py prints ROWS with fixed's times times `scale`, and
+    appends its --cases argument to calls.txt (or fails, saying why)."""
+    (directory / "perf").mkdir(parents=True)
+    (directory / "perf" / "args_times.py").write_text(
+        textwrap.dedent(
+            f"""
+            import re, sys
+            from pathlib import Path
+            with open(Path(__file__).parents[1] / "calls.txt", "a") as calls:
+                calls.write(sys.argv[2] + "\\n")
+            if {fail!r}:
+                sys.exit("args_times: needs a CUDA GPU; torch sees none")
+            def scaled(match):
+                return f"{{match.group(1)}} {{float(match.group(2)) * {scale}:.4f}}"
+            for line in {ROWS!r}.splitlines():
+                print(re.sub(r"(fwd\\+?b?w?d?) ([\\d.]+)(?= ms vs| vs)", scaled, line))
+            """
+        )
+    )
+    return directory
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_rounds_alternate_which_checkout_runs_first():
+    assert ab.round_order(3) == [("A", "B"), ("B", "A"), ("A", "B")]
+
+
+def test_rows_are_read_and_other_lines_ignored():
+    rows = ab.parse("some warning\n" + ROWS + "done\n")
+    assert rows == {"plain-64": (0.2, 0.7), "plain-128": (0.3, 1.2)}
+
+
+def test_medians_and_b_over_a(tmp_path):
+    a = stand_in(tmp_path / "a", 1.0)
+    b = stand_in(tmp_path / "b", 0.5)  # B takes half the time: twice as fast
+    result = run(str(a), str(b), "--rounds", "2", "--cases", "plain,causal")
+    assert result.returncode == 0, result.stderr
+    assert "round 2 of 2 done (B A)" in result.stdout
+    row = next(line for line in result.stdout.splitlines() if line.startswith("plain-64"))
+    assert row.split() == ["plain-64", "0.2000", "0.1000", "2.00", "0.7000", "0.3500", "2.00"]
+    assert (a / "calls.txt").read_text() == "plain,causal\nplain,causal\n"
+
+
+def test_bad_input_and_a_failed_run_get_one_line(tmp_path):
+    a = stand_in(tmp_path / "a", 1.0)
+    failing = stand_in(tmp_path / "b", 1.0, fail=True)
+    for args, expected in (
+        ((str(a), str(tmp_path / "missing")), "no perf/args_times.py"),
+        ((str(a), str(a), "--rounds", "0"), "--rounds 0: at least 1"),
+        ((str(a), str(failing)), "args_times: needs a CUDA GPU"),
+    ):
+        result = run(*args)
+        assert result.returncode == 2, result
+        assert "Traceback" not in result.stderr, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ab: ") and expected in lines[0], lines
