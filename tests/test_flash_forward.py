@@ -183,7 +183,7 @@ def test_misaligned_inputs_fall_back_and_stay_correct(fixed, seed):
 
 
 def test_deterministic(fixed, seed):
-    """One thread writes each output element, no atomics: two runs agree bit for bit."""
+    """One thread writes each output element, no atomics on them: two runs agree bit for bit."""
     generator = torch.Generator().manual_seed(seed)
     for head_dim in HEAD_DIMS:
         q, k, v = make_inputs((2, 4), 333, 517, head_dim, torch.bfloat16, generator)
@@ -191,6 +191,40 @@ def test_deterministic(fixed, seed):
         second = torch.ops.fixed_attention.attention_forward(q, k, v, 0.1, True)
         for name, a, b in zip(["out", "lse"], first, second, strict=True):
             assert torch.equal(a, b), f"e{head_dim} {name} differs between two runs: {replay(seed)}"
+
+
+def split_batch(sms, row_blocks):
+    """The smallest batch whose work items (row_blocks per batch item) fill a round of `sms`
+    CTAs and leave a last round at most half full."""
+    return next(
+        batch
+        for batch in range(1, 4 * sms)
+        if batch * row_blocks >= sms and 0 < batch * row_blocks % sms <= sms // 2
+    )
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
+def test_hopper_splits_a_last_round_that_is_mostly_empty(fixed, seed, head_dim):
+    """On compute capability 9.0, without a mask, dropout or causality, the warp-specialized
+    forward splits the work items of a last round at most half full along the keys and combines
+    the parts (flash_forward_sm90_ws_schedule.cuh). A batch that makes such a round on this GPU
+    (items of 192 query rows at head dim 64, 128 above), keys past the last full block: out and
+    lse against float64, and two runs bit for bit (the parts combine in a fixed order)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialized forward needs compute capability 9.0")
+    generator = torch.Generator().manual_seed(seed)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    len_q, len_kv = 1000, 1100
+    batch = split_batch(sms, math.ceil(len_q / (192 if head_dim == 64 else 128)))
+    q, k, v = make_inputs((batch,), len_q, len_kv, head_dim, torch.bfloat16, generator)
+    scale = 1.0 / math.sqrt(head_dim)
+    where = f"e{head_dim} batch {batch} on {sms} SMs; {replay(seed)}"
+    check_against_reference(q, k, v, scale, False, where)
+    first = torch.ops.fixed_attention.attention_forward(q, k, v, scale, False)
+    second = torch.ops.fixed_attention.attention_forward(q, k, v, scale, False)
+    for name, a, b in zip(["out", "lse"], first, second, strict=True):
+        with check:
+            assert torch.equal(a, b), f"{name} differs between two runs: {where}"
 
 
 # ---------------------------------------------------------------------- which kernel ran

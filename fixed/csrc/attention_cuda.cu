@@ -326,6 +326,22 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   // to the generic one.
   const int64_t width = padded_head_dim(query, shape);
 
+  // The Hopper forward splits a last round of work items that is at most half full along the
+  // keys (flash_forward_sm90_ws_schedule.cuh): its float32 workspace and zeroed arrival counts
+  // from the caching allocator, where it asks for them.
+  kernels::SplitWorkspace split = kernels::flash_forward_sm90_split_workspace(problem);
+  at::Tensor split_partial, split_counts;
+  const bool half_precision =
+      query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
+  if (split.floats > 0 && half_precision) {
+    split_partial = at::empty({split.floats}, query.options().dtype(at::kFloat));
+    split_counts = at::zeros({split.counts}, query.options().dtype(at::kInt));
+    split.partial = split_partial.mutable_data_ptr<float>();
+    split.arrivals = reinterpret_cast<unsigned*>(split_counts.mutable_data_ptr<int>());
+  } else {
+    split = kernels::SplitWorkspace{};
+  }
+
   bool launched = false;
   FIXED_ATTENTION_DISPATCH_CUDA_TYPES(query.scalar_type(), "attention_forward_cuda", [&] {
     // The fastest kernel that covers the case: Hopper's (compute capability 9.0), the mma.sync
@@ -339,7 +355,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
     float* const lse_ptr = logsumexp.mutable_data_ptr<float>();
     const auto tensor_cores = [&] {
       return kernels::launch_flash_forward_sm90(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem,
-                                                stream) ||
+                                                stream, split) ||
              kernels::launch_flash_forward(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, problem, stream);
     };
     launched = tensor_cores();

@@ -427,9 +427,39 @@ bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const Attent
   return true;
 }
 
+// The warp-specialized kernel's tilings for the problem's E and Ev, as a call of
+// visit(TileChoice<F, FArgs>{}): F without a mask or dropout, FArgs with them.
+template <class F, class FArgs>
+struct TileChoice {
+  using Tile = F;
+  using TileArgs = FArgs;
+};
+template <class Visit>
+auto with_ws_tiles(const AttentionProblem& p, const Visit& visit) {
+  namespace ws = sm90_ws;
+  const int64_t widest = p.head_dim > value_dim(p) ? p.head_dim : value_dim(p);
+  return widest <= 64 ? visit(TileChoice<ws::Tile64, ws::Tile64Args>{})
+         : widest <= 128 && value_dim(p) <= 64
+             ? visit(TileChoice<ws::Tile128Ev64, ws::Tile128Args>{})
+         : widest <= 128 ? visit(TileChoice<ws::Tile128, ws::Tile128Args>{})
+                         : visit(TileChoice<ws::Tile256, ws::Tile256Args>{});
+}
+
+// The workspace of the warp-specialized kernel's last-round split for this problem (sizes;
+// zeros where it runs whole items, or does not run).
+inline SplitWorkspace split_workspace(const AttentionProblem& p) {
+  const int64_t widest = p.head_dim > value_dim(p) ? p.head_dim : value_dim(p);
+  if (widest > 256 || !current_device_is_sm90()) {
+    return {};
+  }
+  return with_ws_tiles(p, [&](auto choice) {
+    return sm90_ws::split_workspace<typename decltype(choice)::Tile>(p);
+  });
+}
+
 template <typename T>
 bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
-             cudaStream_t stream) {
+             cudaStream_t stream, const SplitWorkspace& workspace) {
   const int64_t widest = p.head_dim > value_dim(p) ? p.head_dim : value_dim(p);
   if (widest > 256 || !current_device_is_sm90()) {
     return false;
@@ -440,13 +470,11 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
   }
   // The warp-specialized kernel where it can run (sm_90a images, a mask TMA can read), at the
   // narrowest of 64, 128 and 256 that holds E and Ev; at 128, V's 64 columns alone where Ev fits.
-  namespace ws = sm90_ws;
-  const bool warp_specialized =
-      widest <= 64    ? ws::launch<T, ws::Tile64, ws::Tile64Args>(q, k, v, out, lse, p, stream)
-      : widest <= 128 && value_dim(p) <= 64
-          ? ws::launch<T, ws::Tile128Ev64, ws::Tile128Args>(q, k, v, out, lse, p, stream)
-      : widest <= 128 ? ws::launch<T, ws::Tile128, ws::Tile128Args>(q, k, v, out, lse, p, stream)
-                      : ws::launch<T, ws::Tile256, ws::Tile256Args>(q, k, v, out, lse, p, stream);
+  const bool warp_specialized = with_ws_tiles(p, [&](auto choice) {
+    using Choice = decltype(choice);
+    return sm90_ws::launch<T, typename Choice::Tile, typename Choice::TileArgs>(
+        q, k, v, out, lse, p, stream, workspace);
+  });
   if (warp_specialized) {
     return true;
   }
@@ -472,18 +500,27 @@ bool forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
 // 128 or Ev != E where the warp-specialized kernel declines them: not multiples of 8, an
 // image without sm_90a).
 inline bool launch_flash_forward_sm90(const float*, const float*, const float*, float*, float*,
-                                      const AttentionProblem&, cudaStream_t) {
+                                      const AttentionProblem&, cudaStream_t,
+                                      const SplitWorkspace& = {}) {
   return false;
 }
 inline bool launch_flash_forward_sm90(const __half* q, const __half* k, const __half* v,
                                       __half* out, float* lse, const AttentionProblem& p,
-                                      cudaStream_t stream) {
-  return flash::sm90::forward(q, k, v, out, lse, p, stream);
+                                      cudaStream_t stream, const SplitWorkspace& workspace = {}) {
+  return flash::sm90::forward(q, k, v, out, lse, p, stream, workspace);
 }
 inline bool launch_flash_forward_sm90(const __nv_bfloat16* q, const __nv_bfloat16* k,
                                       const __nv_bfloat16* v, __nv_bfloat16* out, float* lse,
-                                      const AttentionProblem& p, cudaStream_t stream) {
-  return flash::sm90::forward(q, k, v, out, lse, p, stream);
+                                      const AttentionProblem& p, cudaStream_t stream,
+                                      const SplitWorkspace& workspace = {}) {
+  return flash::sm90::forward(q, k, v, out, lse, p, stream, workspace);
+}
+
+// The workspace launch_flash_forward_sm90 splits its last round with (sizes; zeros: none): the
+// glue allocates `floats` float32 entries and `counts` zeroed counts for a problem of half or
+// bfloat16 inputs and passes them in (flash_forward_sm90_ws_schedule.cuh).
+inline SplitWorkspace flash_forward_sm90_split_workspace(const AttentionProblem& p) {
+  return flash::sm90::split_workspace(p);
 }
 
 }  // namespace kernels

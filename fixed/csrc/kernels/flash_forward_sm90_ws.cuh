@@ -47,7 +47,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                             T* __restrict__ out,                        // (B, L, D)
                             float* __restrict__ lse,                    // (B, L)
                             const AttentionProblem p,
-                            const bool longest_first) {  // causal work order
+                            const bool longest_first,  // causal work order
+                            const SplitTail split) {   // the last round's split, if any
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint4 ws_smem[];
   const uint32_t q_tile = (smem_addr(ws_smem) + 1023u) & ~1023u;  // swizzle atoms: 1024 bytes
@@ -85,13 +86,13 @@ __global__ void __launch_bounds__(F::kThreads, 1)
     setmaxnreg_dec<F::kProducerRegisters>();
     if (tid == 0) {
       produce<F, kArgs>(&q_map, &k_map, &v_map, &mask_map, bar, q_tile, k_tiles, v_tiles,
-                        mask_tiles, p, longest_first);
+                        mask_tiles, p, longest_first, kArgs == kNoArgs ? split : SplitTail{});
     }
     return;
   }
   setmaxnreg_inc<F::kConsumerRegisters>();
   consume<T, F, kArgs>(out, lse, bar, q_tile, k_tiles, v_tiles, mask_tiles, p, longest_first,
-                       (warp >> 2) - 1, warp & 3, lane);
+                       kArgs == kNoArgs ? split : SplitTail{}, (warp >> 2) - 1, warp & 3, lane);
 #elif defined(__CUDA_ARCH__)
   // Any other image: a marker the launcher reads on the host (has_sm90a_image: the sm_90a body
   // has no static shared memory, this one 16 bytes), and a trap, were it launched all the same.
@@ -115,11 +116,31 @@ bool encode_mask_map(CUtensorMap* map, const AttentionProblem& p) {
                                 strides, mask_box_rows<F>(p));
 }
 
+// The last round's split for tiling F on `grid` CTAs (flash_forward_sm90_ws_schedule.cuh):
+// problems without causality, a mask or dropout only.
+template <class F>
+SplitTail split_plan(const AttentionProblem& p, int64_t grid) {
+  const bool plain = !p.causal && p.mask == nullptr && !(p.dropout_p > 0.f);
+  return plan_split_tail(p.batch * ceil_div(p.len_q, F::kBlockM), grid,
+                         ceil_div(p.len_kv, F::kBlockN), plain);
+}
+
+// The workspace split_plan needs on the current device (sizes only; none: zeros).
+template <class F>
+SplitWorkspace split_workspace(const AttentionProblem& p) {
+  const int64_t items = p.batch * ceil_div(p.len_q, F::kBlockM), sms = detail::multiprocessors();
+  const SplitTail plan = split_plan<F>(p, items < sms ? items : sms);
+  return {nullptr, split_tail_floats(plan, F::kBlockM, F::kValueDim), nullptr,
+          plan.parts > 1 ? plan.tail_items : 0};
+}
+
 // One instantiation's launch: the tensor maps, one CTA per SM. False, having launched nothing,
-// where the image or a map is missing.
+// where the image or a map is missing. `workspace`: for the last round's split, which runs
+// only where it holds what split_workspace asks for.
 template <typename T, class F, int kArgs>
 bool launch_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
-                   const AttentionProblem& p, bool longest_first, cudaStream_t stream) {
+                   const AttentionProblem& p, bool longest_first, cudaStream_t stream,
+                   const SplitWorkspace& workspace) {
   auto* kernel = flash_forward_sm90_ws_kernel<T, F, kArgs>;
   if (!has_sm90a_image(kernel)) {
     return false;
@@ -136,19 +157,25 @@ bool launch_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
       (p.mask != nullptr && !encode_mask_map<F>(&mask_map, p))) {
     return false;
   }
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      sms <= 0) {
-    (void)cudaGetLastError();  // answered "no": the caller takes another kernel
-    return false;
+  const int64_t sms = detail::multiprocessors();
+  if (sms <= 0) {
+    return false;  // the caller takes another kernel
   }
   kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
   const unsigned grid = static_cast<unsigned>(work < sms ? work : sms);  // one CTA per SM
+  SplitTail split = kArgs == kNoArgs ? split_plan<F>(p, grid) : SplitTail{};
+  if (split.parts > 1 && workspace.partial != nullptr && workspace.arrivals != nullptr &&
+      workspace.floats >= split_tail_floats(split, F::kBlockM, F::kValueDim) &&
+      workspace.counts >= split.tail_items) {
+    split.partial = workspace.partial;
+    split.arrivals = workspace.arrivals;
+  } else {
+    split = SplitTail{};  // whole items in every round
+  }
   // The kernel's longest_first: items batch-minor (the order of both cases).
   const bool batch_minor = (p.causal && longest_first) || detail::mask_shared_by_neighbours(p);
   kernel<<<grid, F::kThreads, F::kSmemBytes, stream>>>(q_map, k_map, v_map, mask_map, out, lse,
-                                                       p, batch_minor);
+                                                       p, batch_minor, split);
   return true;
 }
 
@@ -160,7 +187,8 @@ bool launch_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
 // perf/fwd_sm90_check.cu times both).
 template <typename T, class F, class FArgs = F>
 bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
-                     const AttentionProblem& p, bool longest_first, cudaStream_t stream) {
+                     const AttentionProblem& p, bool longest_first, cudaStream_t stream,
+                     const SplitWorkspace& workspace = {}) {
   constexpr int64_t kMaxCoordinate = std::numeric_limits<int32_t>::max();  // TMA's coordinates
   static_assert(FArgs::kHeadDim == F::kHeadDim);
   const int64_t E = p.head_dim, Ev = value_dim(p);
@@ -170,7 +198,8 @@ bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
     return false;
   }
   if (p.mask == nullptr && !(p.dropout_p > 0.f)) {
-    return launch_kernel<T, F, kNoArgs>(q, k, v, out, lse, p, longest_first, stream);
+    return launch_kernel<T, F, kNoArgs>(q, k, v, out, lse, p, longest_first, stream,
+                                        workspace);
   }
   if constexpr (FArgs::kMaskStages == 0) {
     return false;
@@ -178,13 +207,15 @@ bool launch_in_order(const T* q, const T* k, const T* v, T* out, float* lse,
     using FNarrow = typename FArgs::template WithMaskEntry<T>;
     return p.dropout_p > 0.f
                ? launch_kernel<T, FNarrow, kMaskAndDropout>(q, k, v, out, lse, p, longest_first,
-                                                            stream)
-               : launch_kernel<T, FNarrow, kMaskOnly>(q, k, v, out, lse, p, longest_first, stream);
+                                                            stream, {})
+               : launch_kernel<T, FNarrow, kMaskOnly>(q, k, v, out, lse, p, longest_first, stream,
+                                                      {});
   } else {
     return p.dropout_p > 0.f
                ? launch_kernel<T, FArgs, kMaskAndDropout>(q, k, v, out, lse, p, longest_first,
-                                                          stream)
-               : launch_kernel<T, FArgs, kMaskOnly>(q, k, v, out, lse, p, longest_first, stream);
+                                                          stream, {})
+               : launch_kernel<T, FArgs, kMaskOnly>(q, k, v, out, lse, p, longest_first, stream,
+                                                    {});
   }
 }
 
@@ -201,19 +232,24 @@ constexpr bool longest_first_for(bool causal, int64_t batch) {
 
 template <typename T, class F, class FArgs = F>
 bool launch(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionProblem& p,
-            cudaStream_t stream) {
+            cudaStream_t stream, const SplitWorkspace& workspace = {}) {
   return launch_in_order<T, F, FArgs>(q, k, v, out, lse, p,
-                                      longest_first_for<F>(p.causal, p.batch), stream);
+                                      longest_first_for<F>(p.causal, p.batch), stream, workspace);
 }
 #else  // a toolkit without tensor maps
 template <typename T, class F, class FArgs = F>
 bool launch_in_order(const T*, const T*, const T*, T*, float*, const AttentionProblem&, bool,
-                     cudaStream_t) {
+                     cudaStream_t, const SplitWorkspace& = {}) {
   return false;
 }
 template <typename T, class F, class FArgs = F>
-bool launch(const T*, const T*, const T*, T*, float*, const AttentionProblem&, cudaStream_t) {
+bool launch(const T*, const T*, const T*, T*, float*, const AttentionProblem&, cudaStream_t,
+            const SplitWorkspace& = {}) {
   return false;
+}
+template <class F>
+SplitWorkspace split_workspace(const AttentionProblem&) {
+  return {};
 }
 #endif  // FIXED_HAS_TENSOR_MAPS
 

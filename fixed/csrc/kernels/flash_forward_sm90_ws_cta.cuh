@@ -5,7 +5,8 @@
 //
 // ---------------------------------------------------------------------------------- roles
 // One CTA per SM, persistent: in round r CTA c takes work item r G + c (G CTAs; odd rounds
-// reversed, scheduled_item), an item being kBlockM (128 or 192) query rows of one batch item,
+// reversed; a last round at most half full split along the keys: flash_forward_sm90_ws_
+// schedule.cuh), an item being kBlockM (128 or 192) query rows of one batch item,
 // numbered in flash_forward_sm90.cuh's order. A producer warpgroup and kConsumers (2 or 3)
 // consumer warpgroups (384 or 512 threads):
 //   producer (warpgroup 0, one thread): TMA loads of Q (once per item) and of K, V and the
@@ -50,6 +51,7 @@
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, ...
 #include "flash_common.cuh"       // exp2_approx, pack2, smem_addr, ...
 #include "flash_forward_sm90_ws_args.cuh"  // the mask's tiles, dropout's bits
+#include "flash_forward_sm90_ws_schedule.cuh"  // items, rounds, the last round's split
 #include "sm90_pipeline.cuh"      // mbarriers, TMA, setmaxnreg, named barriers
 #include "wgmma.cuh"              // wgmma.mma_async and descriptors
 
@@ -91,7 +93,7 @@ struct Tile {
   static constexpr int kMaskBoxes = kBlockN / kMaskKeysPerBox;
   static constexpr uint32_t kMaskBoxBytes = kBlockM * 128;
   static constexpr uint32_t kMaskBytes = kMaskBoxes * kMaskBoxBytes;
-  static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages + 2 * kMaskStages);
+  static constexpr uint32_t kBarrierBytes = 8 * (3 + 4 * kStages + 2 * kMaskStages);
   static constexpr std::size_t kSmemBytes = 1024 + kQBytes + kStages * (kKBytes + kVBytes) +
                                             kMaskStages * kMaskBytes + kBarrierBytes;
   // The register file (64 K) less the producer's 24 per thread, shared by the consumers in
@@ -110,7 +112,7 @@ struct Tile {
 };
 
 // The mbarriers, after the tiles: Q full and empty, K full, K empty, V full, V empty per
-// stage, mask full, mask empty per mask stage.
+// stage, mask full, mask empty per mask stage; then a word for a split part's arrival.
 template <class F>
 struct Barriers {
   static constexpr uint32_t kS = F::kStages, kM = F::kMaskStages;
@@ -126,32 +128,8 @@ struct Barriers {
   __device__ __forceinline__ uint32_t mask_empty(uint32_t st) const {
     return at(2 + 4 * kS + kM + st);
   }
+  __device__ __forceinline__ uint32_t split_flag() const { return at(2 + 4 * kS + 2 * kM); }
 };
-
-// The item this CTA takes in its round `round` (0, 1, ...): rounds cover items [round G,
-// (round + 1) G) of the grid's G CTAs, even rounds in CTA order and odd ones reversed, so that
-// with items ordered longest first (causal) no CTA takes the longest of every round.
-__device__ __forceinline__ int64_t scheduled_item(uint32_t round) {
-  const int64_t first = static_cast<int64_t>(round) * gridDim.x;
-  return first + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
-}
-
-// Work item `item`: its batch item, first query row and key blocks, as flash_forward_sm90.cuh
-// orders them (longest_first: causal items longest first across the batch).
-struct WorkItem {
-  int64_t b, m0;
-  int n_blocks;
-};
-template <class F>
-__device__ __forceinline__ WorkItem work_item(const AttentionProblem& p, int64_t item,
-                                              int64_t row_blocks, bool longest_first) {
-  const int64_t b = longest_first ? item % p.batch : item / row_blocks;
-  const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
-  const int64_t m0 = (row_blocks - 1 - rank) * F::kBlockM;
-  const int64_t key_end =
-      p.causal ? min64(p.len_kv, min64(m0 + F::kBlockM, p.len_q)) : p.len_kv;
-  return {b, m0, static_cast<int>(ceil_div(key_end, F::kBlockN))};
-}
 
 // The next key block of item w after `block` that the mask does not hide entirely (w.n_blocks:
 // none left); without a map of hidden tiles (`skips` false), block + 1. Producer and consumers
@@ -166,15 +144,6 @@ __device__ __forceinline__ int next_visible(const AttentionProblem& p, const Wor
                         F::kBlockN));
   return block;
 }
-
-// One warp's rows of the item (a consumer's here, a warpgroup's in flash_forward_sm90.cuh):
-// where they start, and the online softmax's state.
-struct Rows {
-  int64_t m0;     // the item's first query row
-  int warp_row0;  // this warp's first row in the item
-  int g, t;       // fragment row (groupID) and column pair (threadID_in_group)
-  float row_max[2], row_sum[2];  // rows g and g + 8 of the warp
-};
 
 // The scores of key block `block` (in s: raw, or scaled and masked where there is a mask) to
 // probabilities: the online softmax step of both Hopper forwards (flash_forward_sm90.cuh's
@@ -252,7 +221,8 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
                                         const CUtensorMap* v_map, const CUtensorMap* mask_map,
                                         const Barriers<F> bar, uint32_t q_tile, uint32_t k_tiles,
                                         uint32_t v_tiles, uint32_t mask_tiles,
-                                        const AttentionProblem& p, bool longest_first) {
+                                        const AttentionProblem& p, bool longest_first,
+                                        const SplitTail split) {
   constexpr int kHalves = F::kHeadDim / 64, kValueHalves = F::kValueDim / 64;
   const int64_t row_blocks = ceil_div(p.len_q, F::kBlockM);
   const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
@@ -261,11 +231,11 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
   uint32_t mask_pipe = 0;  // mask tiles loaded so far: the mask ring's position
   uint32_t pipe = 0;  // key blocks loaded so far, over all items: the ring's position
   for (uint32_t round = 0;; ++round) {
-    const int64_t item = scheduled_item(round);
-    if (item >= p.batch * row_blocks) {
+    WorkItem w;
+    int part = -1;  // the part's unit in the last round's split, -1 for a whole item
+    if (!schedule<F>(p, round, row_blocks, longest_first, split, w, part)) {
       break;
     }
-    const WorkItem w = work_item<F>(p, item, row_blocks, longest_first);
     const int kv_item = static_cast<int>(w.b / p.kv_group);  // under GQA, its group's K and V
     mbarrier_wait(bar.q_empty(), (round & 1) ^ 1);  // every consumer warp done with Q
     mbarrier_arrive_expect_tx(bar.q_full(), F::kQBytes);
@@ -274,7 +244,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
       tma_load_3d(q_tile + half * F::kBlockM * F::kRowBytes, q_map, 64 * half,
                   static_cast<int>(w.m0), static_cast<int>(w.b), bar.q_full());
     }
-    for (int block = next_visible<F>(p, w, -1, skips); block < w.n_blocks;
+    for (int block = next_visible<F>(p, w, w.first - 1, skips); block < w.n_blocks;
          block = next_visible<F>(p, w, block, skips), ++pipe) {
       const uint32_t stage = pipe % F::kStages;
       const uint32_t parity = (pipe / F::kStages) & 1;
@@ -384,7 +354,8 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
                                         const Barriers<F> bar, uint32_t q_tile, uint32_t k_tiles,
                                         uint32_t v_tiles, uint32_t mask_tiles,
                                         const AttentionProblem& p, bool longest_first,
-                                        int consumer, int warp_in_group, int lane) {
+                                        const SplitTail split, int consumer, int warp_in_group,
+                                        int lane) {
   constexpr int Dv = F::kValueDim, kBlockM = F::kBlockM, kBlockN = F::kBlockN;
   constexpr int kNTiles = F::kNTiles, kDTiles = F::kDTiles, kStages = F::kStages;
   constexpr int kMaskRing = F::kMaskStages > 0 ? F::kMaskStages : 1;
@@ -427,11 +398,11 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   uint32_t pipe = 0;       // key blocks consumed so far, over all items: the K/V rings' position
   uint32_t mask_pipe = 0;  // mask tiles consumed so far: the mask ring's
   for (uint32_t round = 0;; ++round) {
-    const int64_t item = scheduled_item(round);
-    if (item >= p.batch * row_blocks) {
+    WorkItem w;
+    int part = -1;  // the part's unit in the last round's split, -1 for a whole item
+    if (!schedule<F>(p, round, row_blocks, longest_first, split, w, part)) {
       break;
     }
-    const WorkItem w = work_item<F>(p, item, row_blocks, longest_first);
     Rows r{w.m0, consumer * 64 + warp_in_group * 16, lane >> 2, lane & 3,
            {-INFINITY, -INFINITY}, {0.f, 0.f}};
     float o[kDTiles * 4];
@@ -475,7 +446,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       }
     };
     mbarrier_wait(bar.q_full(), round & 1);
-    int block = next_visible<F>(p, w, -1, skips);
+    int block = next_visible<F>(p, w, w.first - 1, skips);
     if (block >= w.n_blocks) {
       release(bar.q_empty(), lane);  // every key hidden: zeros and lse -inf, as the wgmma kernel
     } else {
@@ -558,6 +529,11 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       release(bar.v_empty(last), lane);
     }
 
+    if (part >= 0) {  // a part of a split item (flash_forward_sm90_ws_schedule.cuh)
+      finish_part<T, F>(out, lse, o, r, w, part, split, unit, bar.split_flag(), p,
+                        consumer == 0 && warp_in_group == 0 && lane == 0);
+      continue;
+    }
     // O / rowsum straight to global memory (each warp writes whole rows), lse. Only the first
     // Ev of the tile's Dv columns exist (Ev a multiple of 8: whole column tiles).
 #pragma unroll
