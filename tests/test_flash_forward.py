@@ -203,19 +203,19 @@ def split_batch(sms, row_blocks):
     )
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
+@pytest.mark.parametrize("head_dim", [40, 64], ids=lambda e: f"e{e}")
 def test_hopper_splits_a_last_round_that_is_mostly_empty(fixed, seed, head_dim):
     """On compute capability 9.0, without a mask, dropout or causality, the warp-specialized
-    forward splits the work items of a last round at most half full along the keys and combines
-    the parts (flash_forward_sm90_ws_schedule.cuh). A batch that makes such a round on this GPU
-    (items of 192 query rows at head dim 64, 128 above), keys past the last full block: out and
-    lse against float64, and two runs bit for bit (the parts combine in a fixed order)."""
+    forward's 192-row tiling (head dims up to 64) splits the work items of a last round at most
+    half full along the keys and combines the parts (flash_forward_sm90_ws_schedule.cuh). A
+    batch that makes such a round on this GPU, keys past the last full block: out and lse
+    against float64, and two runs bit for bit (the parts combine in a fixed order)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the warp-specialized forward needs compute capability 9.0")
     generator = torch.Generator().manual_seed(seed)
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     len_q, len_kv = 1000, 1100
-    batch = split_batch(sms, math.ceil(len_q / (192 if head_dim == 64 else 128)))
+    batch = split_batch(sms, math.ceil(len_q / 192))
     q, k, v = make_inputs((batch,), len_q, len_kv, head_dim, torch.bfloat16, generator)
     scale = 1.0 / math.sqrt(head_dim)
     where = f"e{head_dim} batch {batch} on {sms} SMs; {replay(seed)}"

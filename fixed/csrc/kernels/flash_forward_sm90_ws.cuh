@@ -82,17 +82,19 @@ __global__ void __launch_bounds__(F::kThreads, 1)
     }
   }
   __syncthreads();  // the last CTA-wide barrier: the producer's idle warps leave below
+  // A constant "no split" where the tiling or the arguments rule it out: no code for it there.
+  const SplitTail tail = kArgs == kNoArgs && F::kSplitsTail ? split : SplitTail{};
   if (warp < 4) {
     setmaxnreg_dec<F::kProducerRegisters>();
     if (tid == 0) {
       produce<F, kArgs>(&q_map, &k_map, &v_map, &mask_map, bar, q_tile, k_tiles, v_tiles,
-                        mask_tiles, p, longest_first, kArgs == kNoArgs ? split : SplitTail{});
+                        mask_tiles, p, longest_first, tail);
     }
     return;
   }
   setmaxnreg_inc<F::kConsumerRegisters>();
   consume<T, F, kArgs>(out, lse, bar, q_tile, k_tiles, v_tiles, mask_tiles, p, longest_first,
-                       kArgs == kNoArgs ? split : SplitTail{}, (warp >> 2) - 1, warp & 3, lane);
+                       tail, (warp >> 2) - 1, warp & 3, lane);
 #elif defined(__CUDA_ARCH__)
   // Any other image: a marker the launcher reads on the host (has_sm90a_image: the sm_90a body
   // has no static shared memory, this one 16 bytes), and a trap, were it launched all the same.
@@ -120,7 +122,7 @@ bool encode_mask_map(CUtensorMap* map, const AttentionProblem& p) {
 // problems without causality, a mask or dropout only.
 template <class F>
 SplitTail split_plan(const AttentionProblem& p, int64_t grid) {
-  const bool plain = !p.causal && p.mask == nullptr && !(p.dropout_p > 0.f);
+  const bool plain = F::kSplitsTail && !p.causal && p.mask == nullptr && !(p.dropout_p > 0.f);
   return plan_split_tail(p.batch * ceil_div(p.len_q, F::kBlockM), grid,
                          ceil_div(p.len_kv, F::kBlockN), plain);
 }

@@ -16,8 +16,8 @@
 //   consumers (warpgroups 1, 2 (and 3), rows 0-63, 64-127 (and 128-191) of the item): wgmma on
 //     the buffers, softmax in registers, and each warp signals "empty" once its products have
 //     read a buffer.
-// setmaxnreg moves registers from the producer (24 per thread) to the consumers (240 of two,
-// 160 of three): 128 x 24 + 256 x 240 = 384 x 168 (168 at launch); 128 x 24 + 384 x 160 < 64 K.
+// setmaxnreg moves registers from the producer (24 or 32 per thread) to the consumers (240 of
+// two, 160 of three): 128 x 24 + 256 x 240 = 384 x 168, 128 x 32 + 384 x 160 = 512 x 128.
 //
 // ----------------------------------------------------------------- the consumers' loop
 // Per key block j, with S_j = Q K_j^T and P_j its probabilities:
@@ -96,16 +96,24 @@ struct Tile {
   static constexpr uint32_t kBarrierBytes = 8 * (3 + 4 * kStages + 2 * kMaskStages);
   static constexpr std::size_t kSmemBytes = 1024 + kQBytes + kStages * (kKBytes + kVBytes) +
                                             kMaskStages * kMaskBytes + kBarrierBytes;
-  // The register file (64 K) less the producer's 24 per thread, shared by the consumers in
+  // The last round's split along the keys (flash_forward_sm90_ws_schedule.cuh) is compiled into
+  // the 192-row tiles alone: their 5.3-round problems gain from it; the 128-row tiles ran 2-3%
+  // slower with its code and no measured shape of theirs gained (perf/NOTES.md, v35).
+  static constexpr bool kSplitsTail = kConsumers == 3;
+  // The registers at launch (__launch_bounds__(kThreads, 1)), less the producer's 24 per thread
+  // (32 with three consumers, whose split would spill at 24), shared by the consumers in
   // multiples of 8, at most 240: 240 for two consumer warpgroups, 160 for three.
-  static constexpr uint32_t kProducerRegisters = 24;
-  static constexpr uint32_t kSpare = (65536 - 128 * kProducerRegisters) / (128 * kConsumers);
+  static constexpr uint32_t kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr uint32_t kProducerRegisters = kConsumers == 3 ? 32 : 24;
+  static constexpr uint32_t kSpare =
+      (kThreads * kLaunchRegisters - 128 * kProducerRegisters) / (128 * kConsumers);
   static constexpr uint32_t kConsumerRegisters = kSpare / 8 * 8 > 240 ? 240 : kSpare / 8 * 8;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "one, two or four 64-element parts per row");
   static_assert(kValueDim == kHeadDim || kValueDim == 64, "V: kHeadDim or 64 columns");
   static_assert(kBlockN == 64 || kBlockN == 128, "wgmma n64 or n128 for S");
-  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536);
+  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <=
+                kThreads * kLaunchRegisters);
   static_assert(kConsumers == 2 || kConsumers == 3, "rows: 128 or 192 (TMA boxes <= 256)");
   static_assert(!kPingPong || kConsumers == 2, "ping-pong takes turns between two");
   static_assert(kSmemBytes <= 227 * 1024, "an H100's shared memory per block");
