@@ -344,11 +344,12 @@ def test_hopper_images_hold_the_wgmma_forward(fixed):
     parts = sass.split("Function : ")[1:]
     # Both: 2 dtypes x 3 head dims (64, 128, 256) x 3 sets of SDPA arguments (flash_common.cuh's
     # ScoreArgs); the warp-specialized one with its TMA loads, its two sets with a mask once
-    # more with the mask in the inputs' dtype (the tiling's MaskEntry), and per dtype the tile
-    # with V at 64 columns under head dim 128 (Tile128Ev64, no arguments).
+    # more with the mask in the inputs' dtype (the tiling's MaskEntry), and per dtype the tiles
+    # under head dim 128 without arguments with V at 64 columns (Tile128Ev64) and with 176-key
+    # blocks (Tile128Wide).
     for kernel, count, instructions in (
         (SM90_ARGS_KERNEL, 18, ("HGMMA",)),
-        (SM90_KERNEL, 32, ("HGMMA", "UTMALDG", "SYNCS")),
+        (SM90_KERNEL, 34, ("HGMMA", "UTMALDG", "SYNCS")),
     ):
         functions = [part for part in parts if kernel in part[:300]]
         assert len(functions) == count, f"expected {kernel} x {count}: {len(functions)}"
@@ -369,6 +370,7 @@ SANITIZER_SCRIPT = textwrap.dedent(
     for dtype, head_dim, len_q, len_kv, causal in (
         (torch.bfloat16, 128, 200, 333, True),
         (torch.float16, 128, 131, 70, False),
+        (torch.bfloat16, 96, 200, 600, False),  # 176-key blocks: both stages, twice, and a tail
         (torch.bfloat16, 64, 130, 300, False),
         (torch.float16, 64, 300, 129, True),
         (torch.float32, 64, 200, 333, True),

@@ -441,6 +441,7 @@ auto with_ws_tiles(const AttentionProblem& p, const Visit& visit) {
   return widest <= 64 ? visit(TileChoice<ws::Tile64, ws::Tile64Args>{})
          : widest <= 128 && value_dim(p) <= 64
              ? visit(TileChoice<ws::Tile128Ev64, ws::Tile128Args>{})
+         : widest <= 128 && !p.causal ? visit(TileChoice<ws::Tile128Wide, ws::Tile128Args>{})
          : widest <= 128 ? visit(TileChoice<ws::Tile128, ws::Tile128Args>{})
                          : visit(TileChoice<ws::Tile256, ws::Tile256Args>{});
 }
