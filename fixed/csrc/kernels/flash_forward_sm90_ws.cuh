@@ -272,9 +272,9 @@ using Tile128Ev64 = Tile<128, 128, 3, true, 0, 2, float, 64>;
 // 64 < E <= 128 without causality, a mask or dropout: key blocks of 176 (FlashAttention-3's),
 // two stages (214 KB): fewer softmax steps and barrier rounds per key (perf/NOTES.md, v35).
 using Tile128Wide = Tile<128, 176, 2, true>;
-// D = 256 (O is 128 of a consumer's 240 registers): key blocks of 64, two K and V stages (193
-// KB; with a mask stage 225 KB), ping-pong.
-using Tile256 = Tile<256, 64, 2, true>;
+// D = 256 (O is 128 of a consumer's 240 registers): key blocks of 80 (FlashAttention-3's; 64
+// with a mask), two K and V stages (225 KB; with a mask stage 225 KB), ping-pong (v35).
+using Tile256 = Tile<256, 80, 2, true>;
 using Tile256Args = Tile<256, 64, 2, true, 1>;
 
 }  // namespace sm90_ws

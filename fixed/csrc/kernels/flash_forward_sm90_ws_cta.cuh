@@ -111,7 +111,8 @@ struct Tile {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "one, two or four 64-element parts per row");
   static_assert(kValueDim == kHeadDim || kValueDim == 64, "V: kHeadDim or 64 columns");
-  static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 176, "wgmma n64, n128, n176: S");
+  static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 128 || kBlockN == 176,
+                "S by wgmma n64, n80, n128 or n176");
   static_assert(kBlockN % 64 == 0 || kMaskStages == 0, "the mask's boxes: 64-key blocks");
   static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <=
                 kThreads * kLaunchRegisters);
@@ -301,7 +302,9 @@ __device__ __forceinline__ void issue_s(float (&s)[F::kNTiles * 4], uint32_t q_r
         sw128_descriptor(q_rows + half * F::kBlockM * F::kRowBytes + step, 16, 1024);
     const uint64_t desc_k =
         sw128_descriptor(k_tile + half * F::kBlockN * F::kRowBytes + step, 16, 1024);
-    if constexpr (F::kBlockN == 176) {
+    if constexpr (F::kBlockN == 80) {
+      wgmma_m64n80k16_ss<T>(s, desc_q, desc_k, ks > 0);
+    } else if constexpr (F::kBlockN == 176) {
       wgmma_m64n176k16_ss<T>(s, desc_q, desc_k, ks > 0);
     } else if constexpr (F::kBlockN == 128) {
       wgmma_m64n128k16_ss<T>(s, desc_q, desc_k, ks > 0);

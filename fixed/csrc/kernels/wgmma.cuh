@@ -136,6 +136,11 @@ __device__ __forceinline__ void wgmma_fence_fragments(uint32_t (&registers)[N][4
   "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
   "%55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
+#define FIXED_WGMMA_D40 FIXED_WGMMA_D32, FIXED_WGMMA_D8(32)
+#define FIXED_WGMMA_REGS40                                                               \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+  "%36, %37, %38, %39}"
 #define FIXED_WGMMA_D88                                                             \
   FIXED_WGMMA_D64, FIXED_WGMMA_D8(64), FIXED_WGMMA_D8(72), FIXED_WGMMA_D8(80)
 #define FIXED_WGMMA_REGS88 \
@@ -200,6 +205,25 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t des
     FIXED_WGMMA_M64N128K16_SS("bf16");
   } else {
     FIXED_WGMMA_M64N128K16_SS("f16");
+  }
+}
+
+// D (64 x 80, f32) = A B (+ D when accumulate): A 64 x 16 and B 16 x 80 both K-major in shared
+// memory (the forward's S = Q K^T over 80-key blocks at head dim 256, FlashAttention-3's).
+#define FIXED_WGMMA_M64N80K16_SS(TYPE)                                                      \
+  FIXED_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                              \
+                  "wgmma.mma_async.sync.aligned.m64n80k16.f32." TYPE "." TYPE " "           \
+                  FIXED_WGMMA_REGS40 ", %40, %41, p, 1, 1, 0, 0;\n}\n"                     \
+                  : FIXED_WGMMA_D40                                                         \
+                  : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)))
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n80k16_ss(float (&d)[40], uint64_t desc_a,
+                                                   uint64_t desc_b, bool accumulate) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    FIXED_WGMMA_M64N80K16_SS("bf16");
+  } else {
+    FIXED_WGMMA_M64N80K16_SS("f16");
   }
 }
 
