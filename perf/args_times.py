@@ -1,9 +1,16 @@
 """Forward and forward+backward times of fixed and SDPA's default for the args rows a kernel
-change moves (bf16, H = 16; CUDA events, 3 warm-up calls, the median of 20), printed one row per
-case with SDPA's time over fixed's. The instrument of perf/NOTES.md's A/B runs (v27-v29): build
-two checkouts side by side on one GPU and run it in each, alternating (A, B, A, B), so that both
-see the same machine. `make bench` stays the record; this is the quick comparison. Needs a CUDA
-GPU and fixed/ built for it; from the repository root:
+change moves (bf16, H = 16; CUDA events, 3 warm-up calls, the median of 20 batches), printed one
+row per case with SDPA's time over fixed's. A batch is CALLS_PER_BATCH calls timed behind one
+untimed call, the time per call its share: the GPU is busy when the first event fires and the
+host enqueues ahead of it, so a call's host time (tens of microseconds, the glue's allocations
+among them) is hidden wherever it is shorter than the GPU's, as in `make bench`'s batches. One
+call between two events, as before v35, counted the host's time before the launch: the split
+tail's kernel gained 6% at plain-64 and this script read 0.99x (perf/NOTES.md, v35).
+
+The instrument of perf/NOTES.md's A/B runs (v27 on; perf/ab.py runs it in two checkouts,
+alternating which goes first, so that both see the same machine). `make bench` stays the
+record; this is the quick comparison. Needs a CUDA GPU and fixed/ built for it; from the
+repository root:
 
     python perf/args_times.py [--cases masks,dropout,plain,causal]
 
@@ -81,17 +88,23 @@ def inputs(batch, seq, dim, mask_kind):
     return [t.requires_grad_() for t in (q, k, v)], grad, mask
 
 
+CALLS_PER_BATCH = 10
+
+
 def median_ms(fn, reps=20):
+    """fn's GPU time per call: the median over `reps` batches (the module's docstring)."""
     for _ in range(3):
         fn()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn()  # untimed: the GPU is busy when `start` is reached
         start.record()
-        fn()
+        for _ in range(CALLS_PER_BATCH):
+            fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / CALLS_PER_BATCH)
     return statistics.median(times)
 
 
