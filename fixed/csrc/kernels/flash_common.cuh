@@ -450,28 +450,23 @@ __host__ __device__ __forceinline__ bool takes_tensor_cores(const AttentionProbl
   return value_dim(p) == p.head_dim;
 }
 
-// The current device's L2 size in bytes, 0 where it cannot be read.
-inline int64_t l2_bytes() {
+// An attribute of the current device, 0 where it cannot be read: not the caller's error (every
+// work order is as correct, and a launcher that needs the value declines without it).
+inline int64_t current_device_attribute(cudaDeviceAttr attribute) {
   int device = 0;
-  int bytes = 0;
+  int value = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
-    (void)cudaGetLastError();  // not the caller's error: every work order is as correct
+      cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess) {
+    (void)cudaGetLastError();
     return 0;
   }
-  return bytes;
+  return value;
 }
 
-// The current device's number of SMs, 0 where it cannot be read.
+// The current device's L2 size in bytes and its number of SMs (0: unknown).
+inline int64_t l2_bytes() { return current_device_attribute(cudaDevAttrL2CacheSize); }
 inline int64_t multiprocessors() {
-  int device = 0;
-  int count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    (void)cudaGetLastError();  // not the caller's error: every work order is as correct
-    return 0;
-  }
-  return count;
+  return current_device_attribute(cudaDevAttrMultiProcessorCount);
 }
 
 // The order of causal work items (the kernels' longest_first argument). Batch-major lets the

@@ -396,14 +396,8 @@ __global__ void __launch_bounds__(F::kThreads, kArgs == kNoArgs && F::kHeadDim <
 // Compute capability 9.0, the only one with wgmma. Any error answers no (the mma.sync kernel
 // is as correct) and is cleared, not left for the caller's launch check.
 inline bool current_device_is_sm90() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0;
+  return detail::current_device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+         detail::current_device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
 template <typename T, class F>
