@@ -102,9 +102,6 @@ __global__ void __launch_bounds__(kRowKernelThreads)
 
 // ------------------------------------------------------------------------ shared-memory helpers
 
-__device__ __forceinline__ void st_shared_b32(uint32_t address, uint32_t bits) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(bits) : "memory");
-}
 // Two floats (8-byte aligned): the wgmma backwards' dQ stage.
 __device__ __forceinline__ void st_shared_f32x2(uint32_t address, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(a), "f"(b) : "memory");

@@ -99,6 +99,14 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t address) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(value) : "r"(address));
   return value;
 }
+__device__ __forceinline__ void st_shared_b32(uint32_t address, uint32_t bits) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(bits) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t address) {
+  uint32_t bits;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(bits) : "r"(address) : "memory");
+  return bits;
+}
 
 // 16 zero bytes to shared memory (the rows of a tile past the end of its matrix).
 __device__ __forceinline__ void st_shared_zero_16(uint32_t dst) {

@@ -19,7 +19,7 @@
 #include <cstdint>
 
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, value_dim
-#include "flash_common.cuh"       // exp2_approx, pack2
+#include "flash_common.cuh"       // exp2_approx, pack2, st/ld_shared_b32
 #include "sm90_pipeline.cuh"      // named barriers
 
 namespace fixed_attention {
@@ -142,15 +142,6 @@ struct Rows {
   float row_max[2], row_sum[2];  // rows g and g + 8 of the warp
 };
 
-__device__ __forceinline__ void store_shared_u32(uint32_t address, uint32_t value) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(address), "r"(value) : "memory");
-}
-__device__ __forceinline__ uint32_t load_shared_u32(uint32_t address) {
-  uint32_t value;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(value) : "r"(address) : "memory");
-  return value;
-}
-
 // The end of a part (unit `unit` of `split`), by every consumer thread: its O (unnormalised),
 // row maxima (log2 units: `unit_scale` the softmax's factor) and row sums to the workspace, then
 // one arrival per CTA on the item's count (by `leader`; `flag`: a shared word for the answer).
@@ -192,10 +183,10 @@ __device__ __forceinline__ void finish_part(T* __restrict__ out, float* __restri
   __threadfence();  // this thread's part, before the CTA's arrival
   named_barrier_sync(kSplitBarrier, kThreads);
   if (leader) {
-    store_shared_u32(flag, atomicAdd(split.arrivals + item, 1u) + 1 == unsigned(split.parts));
+    st_shared_b32(flag, atomicAdd(split.arrivals + item, 1u) + 1 == unsigned(split.parts));
   }
   named_barrier_sync(kSplitBarrier, kThreads);
-  if (load_shared_u32(flag) == 0) {
+  if (ld_shared_b32(flag) == 0) {
     return;  // another part's CTA combines
   }
   __threadfence();  // the other parts' writes, seen through their arrivals
