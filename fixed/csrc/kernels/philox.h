@@ -21,9 +21,17 @@ namespace fixed_attention {
 namespace dropout {
 
 FIXED_ATTENTION_HOST_DEVICE uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t* high) {
+#if defined(__CUDA_ARCH__)
+  // The same product, as two halves that ptxas fuses into one IMAD.WIDE.U32. The 64-bit form
+  // below compiled to IMAD.WIDE plus an add of zero to the high half (nvcc 13.0, sm_90a): six
+  // instructions a round instead of four, the add on the rounds' dependent chain.
+  *high = __umulhi(a, b);
+  return a * b;
+#else
   const uint64_t product = static_cast<uint64_t>(a) * b;
   *high = static_cast<uint32_t>(product >> 32);
   return static_cast<uint32_t>(product);
+#endif
 }
 
 // Seven rounds, as FlashAttention-2's Philox (SDPA's flash backend) draws its dropout masks;
