@@ -154,6 +154,10 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
   // dQ: this warpgroup's 64 x 64 tile: queries 64 dq_row .., head dims 64 dq_col ..
   const int dq_row = F::kDqRowGroups == 2 ? warpgroup : 0;
   const int dq_col = F::kDqRowGroups == 2 ? 0 : warpgroup;
+  // Descriptors of the tiles every block reads (wgmma.cuh's TileDescriptor): this warpgroup's
+  // rows of K and V, K-major (S^T, dP^T), and K's head dims 64 dq_col .., MN-major (dQ).
+  const TileDescriptor k_rows_desc(k_rows, 16, 1024), v_rows_desc(v_rows, 16, 1024);
+  const TileDescriptor k_mn_major(k_tile + dq_col * BN * kRowBytes, BN * kRowBytes, 1024);
 
   const int64_t L = p.len_q, S = p.len_kv;
   // Q, K, dK rows of E elements, V, dO, dV rows of Ev (at most D, multiples of 8): the tiles'
@@ -246,23 +250,25 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       // 16 ks .. + 15: run ks / 4 of the tiles, 32 bytes into each 128-byte row.
       float s[kQTiles * 4];
       float dp[kQTiles * 4];
+      // K-major tiles (Q, dO) and MN-major ones (dO for dV, Q for dK): this buffer's descriptors.
+      const TileDescriptor q_k_major(q_buf, 16, 1024), do_k_major(do_buf, 16, 1024);
+      const TileDescriptor do_mn_major(do_buf, BM * kRowBytes, 1024);
+      const TileDescriptor q_mn_major(q_buf, BM * kRowBytes, 1024);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t run = static_cast<uint32_t>(ks >> 2);
         const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
-        const uint64_t desc_k = sw128_descriptor(k_rows + run * BN * kRowBytes + step, 16, 1024);
-        const uint64_t desc_q = sw128_descriptor(q_buf + run * BM * kRowBytes + step, 16, 1024);
-        wgmma_m64k16_ss<T, BM>(s, desc_k, desc_q, ks > 0);
+        wgmma_m64k16_ss<T, BM>(s, k_rows_desc.at(run * BN * kRowBytes + step),
+                               q_k_major.at(run * BM * kRowBytes + step), ks > 0);
       }
       wgmma_commit_group();
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t run = static_cast<uint32_t>(ks >> 2);
         const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
-        const uint64_t desc_v = sw128_descriptor(v_rows + run * BN * kRowBytes + step, 16, 1024);
-        const uint64_t desc_o = sw128_descriptor(do_buf + run * BM * kRowBytes + step, 16, 1024);
-        wgmma_m64k16_ss<T, BM>(dp, desc_v, desc_o, ks > 0);
+        wgmma_m64k16_ss<T, BM>(dp, v_rows_desc.at(run * BN * kRowBytes + step),
+                               do_k_major.at(run * BM * kRowBytes + step), ks > 0);
       }
       wgmma_commit_group();
       // The mask's entries of this block (0 past L or S), in its tile. At D = 128 a thread's 32
@@ -340,9 +346,7 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kQSteps; ++kk) {
-          const uint64_t desc_o =
-              sw128_descriptor(do_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
-          wgmma_m64k16_rs<T, D>(dv_acc, p_frag[kk], desc_o);
+          wgmma_m64k16_rs<T, D>(dv_acc, p_frag[kk], do_mn_major.at(kk * 16 * kRowBytes));
         }
         wgmma_commit_group();
         wgmma_wait_group<1>();  // dP^T has landed (dV may still be in flight)
@@ -394,16 +398,12 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       if constexpr (!kEarlyDv) {
 #pragma unroll
         for (int kk = 0; kk < kQSteps; ++kk) {
-          const uint64_t desc_o =
-              sw128_descriptor(do_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
-          wgmma_m64k16_rs<T, D>(dv_acc, p_frag[kk], desc_o);
+          wgmma_m64k16_rs<T, D>(dv_acc, p_frag[kk], do_mn_major.at(kk * 16 * kRowBytes));
         }
       }
 #pragma unroll
       for (int kk = 0; kk < kQSteps; ++kk) {
-        const uint64_t desc_q =
-            sw128_descriptor(q_buf + kk * 16 * kRowBytes, BM * kRowBytes, 1024);
-        wgmma_m64k16_rs<T, D>(dk_acc, ds_frag[kk], desc_q);
+        wgmma_m64k16_rs<T, D>(dk_acc, ds_frag[kk], q_mn_major.at(kk * 16 * kRowBytes));
       }
       wgmma_commit_group();
 
@@ -417,13 +417,11 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       named_barrier_sync(F::kConsumersBarrier, F::kConsumerThreads);
       float dq[32];
       wgmma_fence();
+      const TileDescriptor ds_mn_major(ds_buf + dq_row * BN * kRowBytes, BN * kRowBytes, 1024);
 #pragma unroll
       for (int kk = 0; kk < F::kKeySteps; ++kk) {
-        const uint64_t desc_ds = sw128_descriptor(
-            ds_buf + dq_row * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes, 1024);
-        const uint64_t desc_k = sw128_descriptor(
-            k_tile + dq_col * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes, 1024);
-        wgmma_m64n64k16_ss_mn<T>(dq, desc_ds, desc_k, kk > 0);
+        wgmma_m64n64k16_ss_mn<T>(dq, ds_mn_major.at(kk * 16 * kRowBytes),
+                                 k_mn_major.at(kk * 16 * kRowBytes), kk > 0);
       }
       wgmma_commit_group();
       wgmma_wait_group<0>();  // dV, dK and dQ; p_frag and ds_frag are free again

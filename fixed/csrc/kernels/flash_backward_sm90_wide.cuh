@@ -99,6 +99,11 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
   const uint32_t pt_tile = regions + 4 * F::kTileBytes;  // P^T Z [64 keys][64 queries]
   const uint32_t ds_tile = pt_tile + F::kScoresBytes;    // dS^T [64 keys][64 queries]
   const uint32_t stats = ds_tile + F::kScoresBytes;      // 2 x (lse [64], delta [64])
+  // The fixed tiles' descriptors (wgmma.cuh's TileDescriptor): K and V K-major (S^T, dP^T),
+  // P^T and dS^T as A (dV, dK), dS^T and K MN-major (dQ).
+  const TileDescriptor k_desc(k_tile, 16, 1024), v_desc(v_tile, 16, 1024);
+  const TileDescriptor pt_desc(pt_tile, 16, 1024), ds_desc(ds_tile, 16, 1024);
+  const TileDescriptor ds_mn_major(ds_tile, kRun, 1024), k_mn_major(k_tile, kRun, 1024);
   // The K and V tiles through a generic pointer, for the epilogue's 16-byte reads.
   const unsigned char* const kv_bytes =
       reinterpret_cast<const unsigned char*>(sm90_bwd_wide_smem) + (k_tile - smem_base);
@@ -185,20 +190,21 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
       float s[16];
       float dp[16];
       wgmma_fence();
+      // K-major (S^T, dP^T) and MN-major (dV, dK: B's two 64-wide runs kRun apart) descriptors
+      // of this block's buffers (wgmma.cuh's TileDescriptor).
+      const TileDescriptor q_rows(q_buf + query0 * kRowBytes, 16, 1024);
+      const TileDescriptor do_rows(do_buf + query0 * kRowBytes, 16, 1024);
+      const TileDescriptor q_runs(q_buf, kRun, 1024), do_runs(do_buf, kRun, 1024);
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t at = static_cast<uint32_t>(ks >> 2) * kRun + (ks & 3) * 32;
-        wgmma_m64n32k16_ss<T>(s, sw128_descriptor(k_tile + at, 16, 1024),
-                              sw128_descriptor(q_buf + at + query0 * kRowBytes, 16, 1024),
-                              ks > 0);
+        wgmma_m64n32k16_ss<T>(s, k_desc.at(at), q_rows.at(at), ks > 0);
       }
       wgmma_commit_group();
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t at = static_cast<uint32_t>(ks >> 2) * kRun + (ks & 3) * 32;
-        wgmma_m64n32k16_ss<T>(dp, sw128_descriptor(v_tile + at, 16, 1024),
-                              sw128_descriptor(do_buf + at + query0 * kRowBytes, 16, 1024),
-                              ks > 0);
+        wgmma_m64n32k16_ss<T>(dp, v_desc.at(at), do_rows.at(at), ks > 0);
       }
       wgmma_commit_group();
       // The mask's entries (0 past L or S) and dropout's keep bits, while the products run.
@@ -298,14 +304,12 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
         const uint32_t rows = dim_run0 * kRun + kk * 16 * kRowBytes;
-        wgmma_m64n128k16_ss_bmn<T>(dv_acc, sw128_descriptor(pt_tile + kk * 32, 16, 1024),
-                                   sw128_descriptor(do_buf + rows, kRun, 1024));
+        wgmma_m64n128k16_ss_bmn<T>(dv_acc, pt_desc.at(kk * 32), do_runs.at(rows));
       }
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
         const uint32_t rows = dim_run0 * kRun + kk * 16 * kRowBytes;
-        wgmma_m64n128k16_ss_bmn<T>(dk_acc, sw128_descriptor(ds_tile + kk * 32, 16, 1024),
-                                   sw128_descriptor(q_buf + rows, kRun, 1024));
+        wgmma_m64n128k16_ss_bmn<T>(dk_acc, ds_desc.at(kk * 32), q_runs.at(rows));
       }
       wgmma_commit_group();
       // 6: dQ = dS K over the 64 keys (k-step kk: keys 16 kk .. + 15), dims of runs dim_run0 + h.
@@ -313,11 +317,10 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
       float dq1[32];
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
-        const uint64_t desc_ds = sw128_descriptor(ds_tile + kk * 16 * kRowBytes, kRun, 1024);
-        const uint32_t k_rows = k_tile + dim_run0 * kRun + kk * 16 * kRowBytes;
-        wgmma_m64n64k16_ss_mn<T>(dq0, desc_ds, sw128_descriptor(k_rows, kRun, 1024), kk > 0);
-        wgmma_m64n64k16_ss_mn<T>(dq1, desc_ds, sw128_descriptor(k_rows + kRun, kRun, 1024),
-                                 kk > 0);
+        const uint64_t desc_ds = ds_mn_major.at(kk * 16 * kRowBytes);
+        const uint32_t k_rows = dim_run0 * kRun + kk * 16 * kRowBytes;
+        wgmma_m64n64k16_ss_mn<T>(dq0, desc_ds, k_mn_major.at(k_rows), kk > 0);
+        wgmma_m64n64k16_ss_mn<T>(dq1, desc_ds, k_mn_major.at(k_rows + kRun), kk > 0);
       }
       wgmma_commit_group();
       wgmma_wait_group<0>();

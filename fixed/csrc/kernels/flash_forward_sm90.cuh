@@ -239,15 +239,13 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
       // bytes into each 128-byte row.
       float s[kNTiles * 4];
       wgmma_fence();
+      const TileDescriptor q_desc(q_rows, 16, 1024), k_desc(k_tiles + buffer, 16, 1024);
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t half = static_cast<uint32_t>(ks >> 2);
         const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
-        const uint64_t desc_q =
-            sw128_descriptor(q_rows + half * kBlockM * kRowBytes + step, 16, 1024);
-        const uint64_t desc_k =
-            sw128_descriptor(k_tiles + buffer + half * kBlockN * kRowBytes + step, 16, 1024);
-        wgmma_m64n64k16_ss<T>(s, desc_q, desc_k, ks > 0);
+        wgmma_m64n64k16_ss<T>(s, q_desc.at(half * kBlockM * kRowBytes + step),
+                              k_desc.at(half * kBlockN * kRowBytes + step), ks > 0);
       }
       wgmma_commit_group();
       // Dropout's keep bits for this block, drawn while the product runs (the Philox rounds
@@ -327,14 +325,12 @@ __device__ __forceinline__ void wgmma_forward_cta(const T* __restrict__ q, const
         }
       }
       wgmma_fence();
+      const TileDescriptor v_desc(v_tiles + buffer, kBlockN * kRowBytes, 1024);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint64_t desc_v = sw128_descriptor(v_tiles + buffer + kk * 16 * kRowBytes,
-                                                 kBlockN * kRowBytes, 1024);
+        const uint64_t desc_v = v_desc.at(kk * 16 * kRowBytes);
         if constexpr (D == 256) {  // two products of 128 columns: V's parts 0-1, then 2-3
-          const uint64_t desc_v_upper =
-              sw128_descriptor(v_tiles + buffer + 2 * kBlockN * kRowBytes + kk * 16 * kRowBytes,
-                               kBlockN * kRowBytes, 1024);
+          const uint64_t desc_v_upper = v_desc.at(2 * kBlockN * kRowBytes + kk * 16 * kRowBytes);
           wgmma_m64n256k16_rs<T>(o, p_frag[kk], desc_v, desc_v_upper);
         } else if constexpr (D == 128) {
           wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);

@@ -294,14 +294,13 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
 template <typename T, class F>
 __device__ __forceinline__ void issue_s(float (&s)[F::kNTiles * 4], uint32_t q_rows,
                                         uint32_t k_tile) {
+  const TileDescriptor q_desc(q_rows, 16, 1024), k_desc(k_tile, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < F::kHeadDim / 16; ++ks) {
     const uint32_t half = static_cast<uint32_t>(ks >> 2);
     const uint32_t step = static_cast<uint32_t>(ks & 3) * 32;
-    const uint64_t desc_q =
-        sw128_descriptor(q_rows + half * F::kBlockM * F::kRowBytes + step, 16, 1024);
-    const uint64_t desc_k =
-        sw128_descriptor(k_tile + half * F::kBlockN * F::kRowBytes + step, 16, 1024);
+    const uint64_t desc_q = q_desc.at(half * F::kBlockM * F::kRowBytes + step);
+    const uint64_t desc_k = k_desc.at(half * F::kBlockN * F::kRowBytes + step);
     if constexpr (F::kBlockN == 80) {
       wgmma_m64n80k16_ss<T>(s, desc_q, desc_k, ks > 0);
     } else if constexpr (F::kBlockN == 176) {
@@ -320,14 +319,13 @@ template <typename T, class F>
 __device__ __forceinline__ void issue_pv(float (&o)[F::kDTiles * 4],
                                          const uint32_t (&p_frag)[F::kBlockN / 16][4],
                                          uint32_t v_tile) {
+  const TileDescriptor v_desc(v_tile, F::kBlockN * F::kRowBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < F::kBlockN / 16; ++kk) {
-    const uint64_t desc_v = sw128_descriptor(v_tile + kk * 16 * F::kRowBytes,
-                                             F::kBlockN * F::kRowBytes, 1024);
+    const uint64_t desc_v = v_desc.at(kk * 16 * F::kRowBytes);
     if constexpr (F::kValueDim == 256) {  // two products of 128 columns: V's parts 0-1, 2-3
       const uint64_t desc_v_upper =
-          sw128_descriptor(v_tile + 2 * F::kBlockN * F::kRowBytes + kk * 16 * F::kRowBytes,
-                           F::kBlockN * F::kRowBytes, 1024);
+          v_desc.at(2 * F::kBlockN * F::kRowBytes + kk * 16 * F::kRowBytes);
       wgmma_m64n256k16_rs<T>(o, p_frag[kk], desc_v, desc_v_upper);
     } else if constexpr (F::kValueDim == 128) {
       wgmma_m64n128k16_rs<T>(o, p_frag[kk], desc_v);

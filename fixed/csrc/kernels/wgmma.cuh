@@ -38,13 +38,22 @@ namespace kernels {
 namespace flash {
 
 // Matrix descriptor: start address, LBO and SBO (bytes >> 4, 14 bits each) and the swizzle
-// mode in bits 62-63 (1: 128-byte swizzle).
-__device__ __forceinline__ uint64_t sw128_descriptor(uint32_t smem_address, uint32_t lbo,
-                                                     uint32_t sbo) {
-  return static_cast<uint64_t>((smem_address & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
-         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
+// mode in bits 62-63 (1: 128-byte swizzle). Encoded once per tile for the many wgmmas that read
+// it at fixed byte offsets (k-steps, 64-wide runs): at(offset) adds offset / 16 to the address
+// field, one 32-bit add. Shared-memory addresses stay under 2^18, so the field never carries
+// into LBO's. Encoding each wgmma's start address anew (mask, shift, or) cost about 12
+// instructions per wgmma in the consumers' loops (nvcc 13.0, sm_90a; perf/NOTES.md, v37).
+struct TileDescriptor {
+  uint32_t low;   // start address >> 4 in bits 0-13, LBO >> 4 in bits 16-29
+  uint32_t high;  // SBO >> 4 in bits 0-13 (bits 32-45 of the descriptor), the swizzle mode
+  __device__ __forceinline__ TileDescriptor(uint32_t smem_address, uint32_t lbo, uint32_t sbo)
+      : low(((smem_address & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16)),
+        high(((sbo & 0x3FFFF) >> 4) | (1u << 30)) {}
+  // The descriptor of the same tile `offset` bytes further (a multiple of 16).
+  __device__ __forceinline__ uint64_t at(uint32_t offset) const {
+    return (static_cast<uint64_t>(high) << 32) | (low + (offset >> 4));
+  }
+};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FIXED_WGMMA_ASM(...) asm volatile(__VA_ARGS__)
