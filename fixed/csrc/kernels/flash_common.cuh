@@ -368,14 +368,17 @@ __device__ __forceinline__ void add_mask_row(Fragments& s, int first, const floa
 // Dropout's keep bits of a thread's elements in four 2 x 4 Philox blocks (philox.h): bit 2 k + c
 // for its element c (0 the first) of block k. Each block's eight elements lie in a group of four
 // lanes, two in each, and the group's blocks are the same four: lane `slot` (0..3) of the group
-// draws block `slot` (row, key: any element of it) and hands each other lane the bits it needs
-// by three shuffles. One Philox call per eight elements. All 32 lanes call it together.
+// draws block `slot` (row, key: any element of it), compares its eight uniforms, and the group
+// swaps the resulting bytes by three shuffles. One Philox call per eight elements. All 32 lanes
+// call it together.
 //   kAlongKeys (the forward's fragments: keys key, key + 1 of a row): the group is lanes
-//   l, l ^ 1, l ^ 4, l ^ 5 (t & 1, g & 1); slot = 2 (g & 1) + (t & 1) is also the word every
-//   block holds for the lane (rows 2r + (g & 1), keys 4c + 2 (t & 1), + 1).
+//   l, l ^ 1, l ^ 4, l ^ 5 (t & 1, g & 1); slot = 2 (g & 1) + (t & 1), and the lane's elements
+//   (rows 2r + (g & 1), keys 4c + 2 (t & 1), + 1) are bits 2 slot, 2 slot + 1 of each block's byte.
 //   kAlongRows (the backward's: queries row, row + 1 of a key): lanes l, l ^ 4, l ^ 8, l ^ 12
-//   (g & 3); slot = g & 3 = key & 3, and the lane's bits are half (slot & 1) of words
-//   slot >> 1 (even row) and 2 + (slot >> 1) (odd row), sent packed in one word.
+//   (g & 3); slot = g & 3 = key & 3, and the lane's elements are bits slot, slot + 4.
+// A block's byte: bit e for the element at row 2r + (e >> 2), key 4c + (e & 3), which is half
+// e & 1 of word e >> 1. Comparing before the shuffles, not after, and one byte permute by slot
+// in place of selects on both sides: about 8 instructions fewer per call (perf/NOTES.md, v37).
 enum class DropoutPair { kAlongKeys, kAlongRows };
 // `counter`: dropout::block_counter of the lane's block (b, row, key): callers that draw many
 // blocks step it (philox.h) instead of recomputing its 64-bit products (about 38 of a call's 130
@@ -386,40 +389,31 @@ __device__ __forceinline__ uint32_t dropout_keep_bits_at(const AttentionProblem&
                                                          uint64_t counter, int slot) {
   constexpr bool kKeys = kPair == DropoutPair::kAlongKeys;
   const dropout::Words drawn = dropout::counter_words(p.dropout_seed, counter);
-  // The drawn block's bits for the lane at slot ^ d (d a constant of the unrolled loops below):
-  // word `to` (kAlongKeys) or halves `to & 1` of words `to >> 1`, 2 + (to >> 1) (kAlongRows),
-  // to = slot ^ d, chosen by selects on lane constants and one byte permute. Registers are not
-  // indexed at run time (local memory), and a chain of comparisons compiled to divergent
-  // branches (ncu: 28% branch efficiency).
-  const bool odd_pair = (slot & 2) != 0, odd_half = (slot & 1) != 0;
-  const auto bits_for = [&](int d) -> uint32_t {
-    const bool pair = odd_pair != ((d & 2) != 0), half = odd_half != ((d & 1) != 0);
-    if constexpr (kKeys) {
-      const uint32_t even = pair ? drawn.w[2] : drawn.w[0];
-      const uint32_t odd = pair ? drawn.w[3] : drawn.w[1];
-      return half ? odd : even;
-    } else {
-      const uint32_t first = pair ? drawn.w[1] : drawn.w[0];
-      const uint32_t second = pair ? drawn.w[3] : drawn.w[2];
-      return __byte_perm(first, second, half ? 0x7632u : 0x5410u);
-    }
-  };
+  uint32_t own = 0;  // the drawn block's byte
+#pragma unroll
+  for (int word = 0; word < 4; ++word) {
+    own |= (dropout::kept(drawn.w[word] & 0xFFFFu, keep_threshold) ? 1u : 0u) << (2 * word);
+    own |= (dropout::kept(drawn.w[word] >> 16, keep_threshold) ? 1u : 0u) << (2 * word + 1);
+  }
+  // Byte d of {pair01, pair23} (permute indices 0, 1, 4, 5) is block slot ^ d's, from the lane
+  // d slots away; the selector puts block k's in byte k: index(k ^ slot) = index(k) ^
+  // index(slot), index(d) = (d & 1) | ((d & 2) << 1), a linear map of d's bits.
   constexpr int kLaneOf[4] = {0, kKeys ? 1 : 4, kKeys ? 4 : 8, kKeys ? 5 : 12};
-  uint32_t got[4];  // got[d]: block slot ^ d's bits, from the lane d slots away
-  got[0] = bits_for(0);
-#pragma unroll
-  for (int d = 1; d < 4; ++d) {
-    got[d] = __shfl_xor_sync(0xffffffffu, bits_for(d), kLaneOf[d]);
+  const uint32_t pair01 = __byte_perm(own, __shfl_xor_sync(0xffffffffu, own, kLaneOf[1]), 0x40u);
+  const uint32_t pair23 = __byte_perm(__shfl_xor_sync(0xffffffffu, own, kLaneOf[2]),
+                                      __shfl_xor_sync(0xffffffffu, own, kLaneOf[3]), 0x40u);
+  const uint32_t index_of_slot = static_cast<uint32_t>((slot & 1) | ((slot & 2) << 1));
+  const uint32_t blocks = __byte_perm(pair01, pair23, 0x5410u ^ (index_of_slot * 0x1111u));
+  // The lane's two bits of each byte to bits 8 k + c, then to 2 k + c.
+  uint32_t mine;
+  if constexpr (kKeys) {
+    mine = (blocks >> (2 * slot)) & 0x03030303u;
+  } else {
+    mine = (blocks >> slot) & 0x11111111u;
+    mine = (mine | (mine >> 3)) & 0x03030303u;
   }
-  uint32_t kept = 0;
-#pragma unroll
-  for (int block = 0; block < 4; ++block) {
-    const int d = block ^ slot;
-    const uint32_t bits = (d & 2) ? ((d & 1) ? got[3] : got[2]) : ((d & 1) ? got[1] : got[0]);
-    kept |= (dropout::kept(bits & 0xFFFFu, keep_threshold) ? 1u : 0u) << (2 * block);
-    kept |= (dropout::kept(bits >> 16, keep_threshold) ? 1u : 0u) << (2 * block + 1);
-  }
-  return kept;
+  mine |= mine >> 6;
+  return (mine | (mine >> 12)) & 0xFFu;
 }
 // The same, the counter computed from any element (row, key) of the lane's block.
 template <DropoutPair kPair>
