@@ -318,7 +318,7 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         const uint64_t desc_ds = ds_mn_major.at(kk * 16 * kRowBytes);
-        const uint32_t k_rows = dim_run0 * kRun + kk * 16 * kRowBytes;
+        const uint32_t k_rows = dim_run0 * kRun + kk * 16 * kRowBytes;  // into the K tile
         wgmma_m64n64k16_ss_mn<T>(dq0, desc_ds, k_mn_major.at(k_rows), kk > 0);
         wgmma_m64n64k16_ss_mn<T>(dq1, desc_ds, k_mn_major.at(k_rows + kRun), kk > 0);
       }

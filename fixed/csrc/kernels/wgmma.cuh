@@ -45,7 +45,7 @@ namespace flash {
 // instructions per wgmma in the consumers' loops (nvcc 13.0, sm_90a; perf/NOTES.md, v37).
 struct TileDescriptor {
   uint32_t low;   // start address >> 4 in bits 0-13, LBO >> 4 in bits 16-29
-  uint32_t high;  // SBO >> 4 in bits 0-13 (bits 32-45 of the descriptor), the swizzle mode
+  uint32_t high;  // SBO >> 4 in bits 0-13 (32-45 of the descriptor), the swizzle in bits 30-31
   __device__ __forceinline__ TileDescriptor(uint32_t smem_address, uint32_t lbo, uint32_t sbo)
       : low(((smem_address & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16)),
         high(((sbo & 0x3FFFF) >> 4) | (1u << 30)) {}
