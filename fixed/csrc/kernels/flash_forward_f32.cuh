@@ -31,22 +31,25 @@
 //   from S's accumulators to the A operand as it is, no shuffle; b = V[2t][g], V[2t + 1][g].
 //
 // ------------------------------------------------------------------------- tiling, memory
-// A CTA is 4 warps and owns kBlockM = 64 query rows of one batch item, 16 per warp (one m-tile:
-// 64 row blocks fill an H100 at the kata's (8, 1024, 64)); it loops over key blocks of kBlockN
-// keys, one softmax step each, as flash_forward_cta.cuh does (the online softmax, causal and tail
-// masking, the work order).
+// A CTA of kWarps warps owns kBlockM = 16 kWarps query rows of one batch item, 16 per warp (one
+// m-tile); it loops over key blocks of kBlockN keys, one softmax step each, as
+// flash_forward_cta.cuh does (the online softmax, causal and tail masking, the work order).
 // Shared memory, float32 rows padded so that every fragment read is free of bank conflicts:
 //   Q, K rows of E + 8 floats (8 mod 32 words apart): a half-warp's 8-byte reads of rows g, dims
 //   2t, 2t + 1 cover the 32 banks once.
 //   V rows of E + 4 floats (4 mod 32): a warp's 4-byte reads of keys 2t (or 2t + 1), dim g, hit
 //   banks 8t + g: 32 distinct.
 // Q, then K and V double-buffered by cp.async (one barrier per key block, as flash_forward_cta):
-//   E = 64, key blocks of 64: 18 + 2 x (18 + 17) = 88 KB; Q's fragments split once per work
-//   item and held (64 registers).
-//   E = 128, key blocks of 32: 34 + 2 x (17 + 16.5) = 101 KB; Q read and split at every k-step
-//   (held, it would take 128 registers).
-// Two CTAs per SM either way. O goes to global memory from the accumulators (8-byte stores: each
-// quad writes 32 contiguous bytes of a row).
+//   E = 64, 4 warps (64 rows: 64 row blocks fill an H100 at the kata's (8, 1024, 64)), key
+//   blocks of 64: 18 + 2 x (18 + 17) = 88 KB, two CTAs per SM; Q's fragments split once per
+//   work item and held (64 registers); every warp splits the K and V fragments it reads.
+//   E = 128, 8 warps (128 rows), key blocks of 32: 68 + 2 x 2 x (17 + 16.5) = 202 KB, one CTA
+//   per SM. Each thread splits the K and V chunks it copied into hi (in place) and lo tiles
+//   before the block's barrier, so that the 8 warps read split fragments instead of each
+//   splitting all of them (perf/NOTES.md v38); Q is read and split at every k-step (held, it
+//   would take 128 registers).
+// O goes to global memory from the accumulators (8-byte stores: each quad writes 32 contiguous
+// bytes of a row).
 #ifndef FIXED_FLASH_FORWARD_F32_CUH_
 #define FIXED_FLASH_FORWARD_F32_CUH_
 
@@ -63,13 +66,15 @@ namespace fixed_attention {
 namespace kernels {
 namespace flash {
 
-template <int kHeadDim_, int kBlockN_, bool kQInRegisters_>
+template <int kHeadDim_, int kBlockN_, int kWarps_, bool kQInRegisters_, bool kSplitKV_>
 struct F32Tiling {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;  // keys per block: one barrier, one softmax step
   static constexpr bool kQInRegisters = kQInRegisters_;
-  static constexpr int kWarps = 4;
+  static constexpr bool kSplitKV = kSplitKV_;  // K and V split once per block, in shared memory
+  static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kCtasPerSm = kSplitKV ? 1 : 2;
   static constexpr int kBlockM = 16 * kWarps;       // query rows per CTA
   static constexpr int kKStride = kHeadDim + 8;     // floats per Q or K row in shared memory
   static constexpr int kVStride = kHeadDim + 4;     // floats per V row
@@ -79,16 +84,18 @@ struct F32Tiling {
   static constexpr int kQFloats = kBlockM * kKStride;
   static constexpr int kKFloats = kBlockN * kKStride;
   static constexpr int kVFloats = kBlockN * kVStride;
-  static constexpr std::size_t kSmemBytes = 4 * (kQFloats + 2 * (kKFloats + kVFloats));
+  static constexpr int kKVParts = kSplitKV ? 2 : 1;  // per buffer: K or V (hi), and their lo
+  static constexpr std::size_t kSmemBytes =
+      4 * (kQFloats + 2 * kKVParts * (kKFloats + kVFloats));
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
   static_assert(kNTiles % 4 == 0, "dropout's Philox blocks span four n-tiles' keys");
   static_assert(kKStride % 32 == 8 && kVStride % 32 == 4, "conflict-free fragment reads");
-  static_assert(2 * kSmemBytes <= 227 * 1024, "two CTAs per SM");
+  static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "kCtasPerSm CTAs per SM");
 };
 
-using F32Tiling64 = F32Tiling<64, 64, true>;
-using F32Tiling128 = F32Tiling<128, 32, false>;
+using F32Tiling64 = F32Tiling<64, 64, 4, true, false>;
+using F32Tiling128 = F32Tiling<128, 32, 8, false, true>;
 
 // ------------------------------------------------------------------------- device helpers
 
@@ -163,10 +170,31 @@ __device__ __forceinline__ void load_rows(uint32_t dst, const float* src, int64_
   }
 }
 
+// Splits the kRows rows at `tile` (kStride floats apart) into TF32 hi parts, in place, and lo
+// parts kLoFloats further, each thread the 16-byte chunks load_rows gave it: its own cp.async
+// copies (waited for), so no barrier is needed first. The tile's readers need one after.
+template <class F, int kRows, int kStride, int kLoFloats>
+__device__ __forceinline__ void split_rows_in_place(float* tile, int tid) {
+  constexpr int kChunks = F::kHeadDim / 4;
+#pragma unroll
+  for (int pass = 0; pass < kRows * kChunks / F::kThreads; ++pass) {
+    const int c = tid + pass * F::kThreads;
+    float* const hi = tile + (c / kChunks) * kStride + 4 * (c % kChunks);
+    const float4 x = *reinterpret_cast<const float4*>(hi);
+    uint4 h, l;
+    split_tf32(x.x, h.x, l.x);
+    split_tf32(x.y, h.y, l.y);
+    split_tf32(x.z, h.z, l.z);
+    split_tf32(x.w, h.w, l.w);
+    *reinterpret_cast<uint4*>(hi) = h;
+    *reinterpret_cast<uint4*>(hi + kLoFloats) = l;
+  }
+}
+
 // ------------------------------------------------------------------------------ kernel
 
 template <class F, int kArgs>
-__global__ void __launch_bounds__(F::kThreads, 2)
+__global__ void __launch_bounds__(F::kThreads, F::kCtasPerSm)
     flash_forward_f32_kernel(const float* __restrict__ q,  // (B, L, E)
                              const float* __restrict__ k,  // (B / kv_group, S, E)
                              const float* __restrict__ v,  // (B / kv_group, S, E)
@@ -181,9 +209,12 @@ __global__ void __launch_bounds__(F::kThreads, 2)
   constexpr float kLn2 = 0.6931471805599453f;
   constexpr unsigned kFullMask = 0xffffffffu;
   extern __shared__ uint4 flash_f32_smem[];  // 16-byte aligned
+  // Q; 2 buffers of K (and K lo); 2 of V (and V lo).
+  constexpr uint32_t kKBuffer = F::kKVParts * F::kKFloats * 4;
+  constexpr uint32_t kVBuffer = F::kKVParts * F::kVFloats * 4;
   const uint32_t q_tile = smem_addr(flash_f32_smem);
-  const uint32_t k_tiles = q_tile + F::kQFloats * 4;       // 2 buffers of kKFloats
-  const uint32_t v_tiles = k_tiles + 2 * F::kKFloats * 4;  // 2 buffers of kVFloats
+  const uint32_t k_tiles = q_tile + F::kQFloats * 4;
+  const uint32_t v_tiles = k_tiles + 2 * kKBuffer;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
@@ -250,18 +281,26 @@ __global__ void __launch_bounds__(F::kThreads, 2)
     for (int block = 0; block < n_blocks; ++block) {
       const int parity = block & 1;
       cp_async_wait<0>();  // this thread's copies of block `block` (and Q) have landed
-      __syncthreads();     // everyone's have; and every warp is done with block - 1
+      if constexpr (F::kSplitKV) {
+        float* const smem = reinterpret_cast<float*>(flash_f32_smem);
+        split_rows_in_place<F, F::kBlockN, F::kKStride, F::kKFloats>(
+            smem + (k_tiles + parity * kKBuffer - q_tile) / 4, tid);
+        split_rows_in_place<F, F::kBlockN, F::kVStride, F::kVFloats>(
+            smem + (v_tiles + parity * kVBuffer - q_tile) / 4, tid);
+      }
+      __syncthreads();  // everyone's copies have landed (and are split); every warp is done
+                        // with block - 1
       if (block + 1 < n_blocks) {
         const int64_t next = static_cast<int64_t>(block + 1) * F::kBlockN;
-        load_rows<F, F::kBlockN, F::kKStride>(k_tiles + (1 - parity) * F::kKFloats * 4,
+        load_rows<F, F::kBlockN, F::kKStride>(k_tiles + (1 - parity) * kKBuffer,
                                               k + kv_b + next * D, S - next, tid);
-        load_rows<F, F::kBlockN, F::kVStride>(v_tiles + (1 - parity) * F::kVFloats * 4,
+        load_rows<F, F::kBlockN, F::kVStride>(v_tiles + (1 - parity) * kVBuffer,
                                               v + kv_b + next * D, S - next, tid);
       }
       cp_async_commit();  // possibly empty: keeps the group count uniform
       const int64_t n0 = static_cast<int64_t>(block) * F::kBlockN;
-      const uint32_t k_block = k_lane + parity * F::kKFloats * 4;
-      const uint32_t v_block = v_lane + parity * F::kVFloats * 4;
+      const uint32_t k_block = k_lane + parity * kKBuffer;
+      const uint32_t v_block = v_lane + parity * kVBuffer;
 
       // S = Q K^T: s[j] is the 16x8 tile of the warp's rows, keys n0 + 8 j.
       float s[kNTiles][4] = {};
@@ -275,10 +314,17 @@ __global__ void __launch_bounds__(F::kThreads, 2)
         }
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j) {
-          const float2 key = ld_shared_f32x2(k_block + (j * 8 * F::kKStride + ks * 8) * 4);
+          const uint32_t at = k_block + (j * 8 * F::kKStride + ks * 8) * 4;
+          const float2 key = ld_shared_f32x2(at);
           SplitFragment<2> bk;
-          split_tf32(key.x, bk.hi[0], bk.lo[0]);
-          split_tf32(key.y, bk.hi[1], bk.lo[1]);
+          if constexpr (F::kSplitKV) {
+            const float2 key_lo = ld_shared_f32x2(at + F::kKFloats * 4);
+            bk = {{__float_as_uint(key.x), __float_as_uint(key.y)},
+                  {__float_as_uint(key_lo.x), __float_as_uint(key_lo.y)}};
+          } else {
+            split_tf32(key.x, bk.hi[0], bk.lo[0]);
+            split_tf32(key.y, bk.hi[1], bk.lo[1]);
+          }
           mma_3xtf32(s[j], a, bk);
         }
       }
@@ -370,8 +416,16 @@ __global__ void __launch_bounds__(F::kThreads, 2)
         for (int dj = 0; dj < kDTiles; ++dj) {  // dims 8 dj .. + 7
           const uint32_t at = v_block + (kk * 8 * F::kVStride + dj * 8) * 4;
           SplitFragment<2> bv;
-          split_tf32(ld_shared_f32(at), bv.hi[0], bv.lo[0]);                     // key 2t
-          split_tf32(ld_shared_f32(at + F::kVStride * 4), bv.hi[1], bv.lo[1]);  // key 2t + 1
+          if constexpr (F::kSplitKV) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {  // keys 2t, 2t + 1
+              bv.hi[r] = __float_as_uint(ld_shared_f32(at + r * F::kVStride * 4));
+              bv.lo[r] = __float_as_uint(ld_shared_f32(at + (F::kVFloats + r * F::kVStride) * 4));
+            }
+          } else {
+            split_tf32(ld_shared_f32(at), bv.hi[0], bv.lo[0]);                     // key 2t
+            split_tf32(ld_shared_f32(at + F::kVStride * 4), bv.hi[1], bv.lo[1]);  // key 2t + 1
+          }
           mma_3xtf32(pv[dj], pa, bv);
         }
       }
