@@ -520,6 +520,8 @@ SANITIZER_SCRIPT = textwrap.dedent(
         (torch.float16, 64, 300, 129, True),
         (torch.float32, 64, 130, 300, False),
         (torch.float32, 64, 300, 129, True),
+        (torch.float32, 128, 200, 333, True),
+        (torch.float32, 128, 131, 70, False),
         (torch.bfloat16, 256, 200, 333, True),
         (torch.float16, 256, 131, 70, False),
     ):
@@ -564,6 +566,13 @@ SANITIZER_SCRIPT = textwrap.dedent(
     )
     mask = (torch.arange(203) < torch.tensor([203, 150]).view(2, 1, 1, 1)).cuda()
     fixed.fast_attention(q, k, v, attn_mask=mask.float()).sum().backward()
+    # float32 at head dim 128 (warp pairs sharing S^T and dP^T) with an additive mask and dropout.
+    q, k, v = (
+        torch.randn(2, 2, n, 128, generator=generator).to("cuda").requires_grad_()
+        for n in (150, 200, 200)
+    )
+    mask = torch.randn(2, 1, 150, 200, generator=generator).cuda()
+    fixed.fast_attention(q, k, v, attn_mask=mask, dropout_p=0.1).sum().backward()
     # Masks in the inputs' dtype, read as 16-bit entries: at head dim 64 rows of 203 keys (copied
     # with rows padded to 16 bytes), at 128 an aligned one read in place, with dropout.
     for head_dim, keys, dropout_p in ((64, 203, 0.0), (128, 200, 0.1)):

@@ -15,32 +15,39 @@
 // A prologue kernel (delta, lse log2(e), the zeroed float32 dQ accumulator, padded to whole
 // blocks of 32 rows), the main kernel, and a dq kernel (dQ = scale accumulator): as
 // flash_backward.cuh, in flash_backward_f32_rows.cuh.
-// The main kernel: one CTA of 4 warps per (batch item, block of kBlockN = 64 keys, 64 of the head
-// dims), looping over the query blocks of kBlockM rows that can see those keys; warp w owns keys
-// 16 w .. + 15 and computes, per query block, the TRANSPOSED scores (keys as the M dimension):
-//   S^T = K Q^T   dP^T = V dO^T           (16 keys x kBlockM queries, over all of D)
+// The main kernel: one CTA per (batch item, block of kBlockN = 64 keys), looping over the query
+// blocks of kBlockM rows that can see those keys. Warp w owns keys 16 (w % 4) .. + 15 and the
+// head dims 64 (w / 4) .. + 63 (its dim group; D = 128 has two, so 8 warps), and computes, per
+// query block, the TRANSPOSED scores (keys as the M dimension):
+//   S^T = K Q^T   dP^T = V dO^T           (16 keys x kBlockM queries; at D = 128 each warp of
+//                                          a pair sums its group's dims and the pair adds the
+//                                          two halves through shared memory)
 //   P^T = 2^(S^T c - lse log2(e))   dS^T = P^T (dP^T - delta)      in registers
-//   dV += P^T dO   dK += dS^T Q           (k: the queries, P^T and dS^T's C fragments as A)
+//   dV += P^T dO   dK += dS^T Q           (the group's dims; k: the queries, P^T and dS^T's C
+//                                          fragments as A)
 //   dQ += dS K     (dS^T through shared memory; the warps share the block's m-tiles and the
-//                  pass's 64 dims, their float32 fragments added to the accumulator by
-//                  red.global.add)
-// The pass's 64 dims of dK and dV stay in registers for the whole loop (64 registers; all 128
-// at D = 128 would leave none for the rest): at D = 128 two work items per key block, each
-// computing S^T and dP^T, 1.4x the FLOPs of one. Each query block's part is summed in
-// accumulators of its own and added to them by FADD (the tensor cores truncate).
-// At D = 64 K and V are split into TF32 hi and lo parts once per work item, in shared memory
-// (every warp and every query block reads them); Q, dO and dS (and at D = 128, K and V) are split
-// where they are read.
+//                  D dims, their float32 fragments added to the accumulator by red.global.add)
+// A warp's 64 dims of dK and dV stay in registers for the whole loop (64 registers; all 128 at
+// D = 128 would leave none for the rest), which is why D = 128 splits the dims between two warps
+// rather than taking two work items per key block, each computing S^T and dP^T over all of D
+// (1.4x the FLOPs; perf/NOTES.md v38). Each query block's part is summed in accumulators of its
+// own and added to them by FADD (the tensor cores truncate). K and V are split into TF32 hi and
+// lo parts once per work item, in shared memory (every warp and every query block reads them);
+// Q, dO and dS are split where they are read.
 //
 // Shared memory, float32 rows of E + 4 floats (4 mod 32 words apart): every fragment read is
 // conflict-free: a lane reads (row g, column t or t + 4) with k in natural order, banks 4 g + t,
 // or (rows 2t, 2t + 1, column g) with k as in the forward, banks 8 t + g.
 //   D = 64, kBlockM = 32: K hi, K lo, V hi, V lo [64][68] + 2 x (Q, dO [32][68]) + dS^T [64][36]
-//   + 2 x (lse, delta [32]): 68 + 34 + 9 + 0.5 = 112 KB.
-//   D = 128, kBlockM = 16: K, V [64][132] + 2 x (Q, dO [16][132]) + dS^T [64][20] + ...: 104 KB.
-// Two CTAs per SM. Q, dO, lse and delta are double-buffered with cp.async: query block m + 1 is
-// in flight while block m is computed. Two barriers per query block (the top one, dS^T's).
-// Registers (nvcc 13.0, sm_90a): 255; no spill without a mask or dropout, 8 to 36 bytes with.
+//   + 2 x (lse, delta [32]): 68 + 34 + 9 + 0.5 = 112 KB; 4 warps, two CTAs per SM.
+//   D = 128, kBlockM = 16: K hi, K lo, V hi, V lo [64][132] + 2 x (Q, dO [16][132]) + dS^T
+//   [64][20] + 2 x (lse, delta [16]) + the pairs' halves of S^T and dP^T (8 warps x 32 lanes x
+//   16 floats): 132 + 33 + 5 + 0.25 + 16 = 186 KB; 8 warps, one CTA per SM.
+// Q, dO, lse and delta are double-buffered with cp.async: query block m + 1 is in flight while
+// block m is computed. Two barriers per query block (the top one, dS^T's), and at D = 128 one of
+// each warp pair between its halves of S^T and dP^T.
+// Registers (nvcc 13.0, sm_90a): 255 at D = 64; no spill without a mask or dropout, 8 to 36
+// bytes with.
 // Causal: a key block's loop starts at the query block holding its first key; only blocks that
 // cross the diagonal are masked. Tails: rows of Q and dO past L are zeros with lse +inf (P = 0);
 // rows of K and V past S are zeros, their dK and dV rows never stored.
@@ -62,49 +69,73 @@ namespace fixed_attention {
 namespace kernels {
 namespace flash {
 
-// kHeadDim: 64 or 128. Each work item computes dK, dV and dQ for kPassDim = 64 of the head dims
-// (kPasses items per key block: S^T and dP^T, over all of D, computed by each). kBlockM: query
-// rows per iteration. kSplitKV: K and V split into hi and lo tiles once per work item (else at
-// every read).
-template <int kHeadDim_, int kBlockM_, bool kSplitKV_>
+// kHeadDim: 64 or 128. Each warp computes dK and dV for kGroupDim = 64 of the head dims, its
+// dim group (kDimGroups warps per 16 keys). kBlockM: query rows per iteration.
+template <int kHeadDim_, int kBlockM_>
 struct F32BackwardTiling {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kPassDim = 64;  // dims of dK, dV and dQ per work item
-  static constexpr int kPasses = kHeadDim / kPassDim;
-  static constexpr int kWarps = 4;
+  static constexpr int kGroupDim = 64;  // dims of dK and dV per warp
+  static constexpr int kDimGroups = kHeadDim / kGroupDim;
+  static constexpr int kKeyWarps = 4;  // warps along the keys, 16 keys each
+  static constexpr int kWarps = kKeyWarps * kDimGroups;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBlockN = 16 * kWarps;  // keys per CTA, 16 per warp
-  static constexpr int kBlockM = kBlockM_;     // query rows per iteration
-  static constexpr bool kSplitKV = kSplitKV_;
-  static constexpr int kStride = kHeadDim + 4;   // floats per row of Q, dO, K, V
-  static constexpr int kDsStride = kBlockM + 4;  // floats per row (key) of dS^T
-  static constexpr int kKSteps = kHeadDim / 8;   // k-steps of S^T, dP^T
-  static constexpr int kQTiles = kBlockM / 8;    // n-tiles of S^T, dP^T; k-steps of dV, dK
-  static constexpr int kDTiles = kPassDim / 8;   // n-tiles of dV, dK (of the pass)
+  static constexpr int kCtasPerSm = kDimGroups == 1 ? 2 : 1;
+  static constexpr int kBlockN = 16 * kKeyWarps;  // keys per CTA
+  static constexpr int kBlockM = kBlockM_;        // query rows per iteration
+  static constexpr int kStride = kHeadDim + 4;    // floats per row of Q, dO, K, V
+  static constexpr int kDsStride = kBlockM + 4;   // floats per row (key) of dS^T
+  static constexpr int kKSteps = kGroupDim / 8;   // k-steps of a warp's S^T, dP^T
+  static constexpr int kQTiles = kBlockM / 8;     // n-tiles of S^T, dP^T; k-steps of dV, dK
+  static constexpr int kDTiles = kGroupDim / 8;   // n-tiles of dV, dK (of the group)
   static constexpr int kDqMTiles = kBlockM / 16;  // dQ: m-tiles, and n-tiles per warp
-  static constexpr int kDqNTiles = kDTiles * kDqMTiles / kWarps;
+  static constexpr int kDqNTiles = kHeadDim / 8 * kDqMTiles / kWarps;
   static constexpr int kKVFloats = kBlockN * kStride;
   static constexpr int kQFloats = kBlockM * kStride;
-  static constexpr int kKVTiles = kSplitKV ? 4 : 2;  // K (hi, lo), V (hi, lo); or K, V
-  // K and V tiles; 2 x (Q, dO); dS^T; 2 x (lse, delta).
-  static constexpr std::size_t kSmemBytes =
-      4 * (kKVTiles * kKVFloats + 4 * kQFloats + kBlockN * kDsStride + 4 * kBlockM);
+  // A warp's half of S^T and dP^T for its pair (one float4 per lane per n-tile of each).
+  static constexpr int kHalvesFloats = kDimGroups == 1 ? 0 : kWarps * 32 * 8 * kQTiles;
+  // K hi, K lo, V hi, V lo; 2 x (Q, dO); dS^T; 2 x (lse, delta); the pairs' halves.
+  static constexpr std::size_t kSmemBytes = 4 * (4 * kKVFloats + 4 * kQFloats +
+                                                 kBlockN * kDsStride + 4 * kBlockM + kHalvesFloats);
 
+  static_assert(kDimGroups == 1 || kDimGroups == 2, "head dims 64 and 128");
   static_assert(kStride % 16 == 4 && kDsStride % 16 == 4, "conflict-free fragment reads");
   static_assert(kBlockM % 16 == 0 && kF32RowPadding % kBlockM == 0, "whole padded blocks");
-  static_assert(2 * kSmemBytes <= 227 * 1024, "two CTAs per SM");
+  static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "kCtasPerSm CTAs per SM");
 };
 
-// D = 64: 112 KB. D = 128: K and V split at every read (split tiles would take 135 KB) and
-// query blocks of 16, so that two CTAs still fit: 104 KB.
-using F32Backward64 = F32BackwardTiling<64, 32, true>;
-using F32Backward128 = F32BackwardTiling<128, 16, false>;
+// D = 64: 112 KB, two CTAs per SM. D = 128: query blocks of 16, 186 KB, one CTA of 8 warps.
+using F32Backward64 = F32BackwardTiling<64, 32>;
+using F32Backward128 = F32BackwardTiling<128, 16>;
+
+// The barrier of one warp pair (64 threads; ids 1 to 4, __syncthreads has 0).
+__device__ __forceinline__ void pair_barrier(int id) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_f32x4(uint32_t address, const float (&v)[4]) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "f"(v[0]), "f"(v[1]),
+               "f"(v[2]), "f"(v[3])
+               : "memory");
+}
+
+// acc += the four floats at `address`.
+__device__ __forceinline__ void add_shared_f32x4(float (&acc)[4], uint32_t address) {
+  float x, y, z, w;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(x), "=f"(y), "=f"(z), "=f"(w)
+               : "r"(address)
+               : "memory");
+  acc[0] += x;
+  acc[1] += y;
+  acc[2] += z;
+  acc[3] += w;
+}
 
 // ------------------------------------------------------------------------- the main kernel
 
 // The A fragment (k in natural order, flash_forward_f32.cuh's header) of K or V: rows row0 + g,
 // + 8, columns col0 + t, + 4 at `lane_offset` bytes into the tile at `tile`, read as hi and lo
-// tiles (uint32 TF32 patterns, the lo tile kKVFloats after) or split here.
+// tiles (uint32 TF32 patterns, the lo tile kKVFloats after).
 template <class F>
 __device__ __forceinline__ SplitFragment<4> kv_a_fragment(uint32_t tile, uint32_t lane_offset) {
   constexpr uint32_t kRow8 = 8 * F::kStride * 4;
@@ -113,12 +144,8 @@ __device__ __forceinline__ SplitFragment<4> kv_a_fragment(uint32_t tile, uint32_
                           lane_offset + kRow8 + 16};
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    if constexpr (F::kSplitKV) {
-      a.hi[r] = __float_as_uint(ld_shared_f32(tile + at[r]));
-      a.lo[r] = __float_as_uint(ld_shared_f32(tile + F::kKVFloats * 4 + at[r]));
-    } else {
-      split_tf32(ld_shared_f32(tile + at[r]), a.hi[r], a.lo[r]);
-    }
+    a.hi[r] = __float_as_uint(ld_shared_f32(tile + at[r]));
+    a.lo[r] = __float_as_uint(ld_shared_f32(tile + F::kKVFloats * 4 + at[r]));
   }
   return a;
 }
@@ -133,7 +160,7 @@ __device__ __forceinline__ SplitFragment<2> split_b_fragment(uint32_t address, u
 
 // acc += A B over one query block: A from the C fragments `scores` (P^T or dS^T, keys x the
 // block's queries), B the block's tile at `b_lane` (dO or Q; this lane's offset included), the
-// pass's columns from col0. Summed in zeroed accumulators, then added to acc by FFMA: the tensor
+// group's columns from col0. Summed in zeroed accumulators, then added to acc by FFMA: the tensor
 // cores' accumulation truncates, a drift over many blocks (perf/NOTES.md, v22).
 template <class F>
 __device__ __forceinline__ void add_block_product(float (&acc)[F::kDTiles][4],
@@ -163,7 +190,7 @@ __device__ __forceinline__ void add_block_product(float (&acc)[F::kDTiles][4],
 }
 
 template <class F, int kArgs>
-__global__ void __launch_bounds__(F::kThreads, 2)
+__global__ void __launch_bounds__(F::kThreads, F::kCtasPerSm)
     flash_backward_f32_kernel(const float* __restrict__ q,         // (B, L, D)
                               const float* __restrict__ k,         // (B / kv_group, S, D)
                               const float* __restrict__ v,         // (B / kv_group, S, D)
@@ -181,12 +208,13 @@ __global__ void __launch_bounds__(F::kThreads, 2)
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ uint4 flash_f32_backward_smem[];
   float* const smem = reinterpret_cast<float*>(flash_f32_backward_smem);
-  const uint32_t k_tile = smem_addr(smem);                      // K (hi, then lo if split)
-  const uint32_t v_tile = k_tile + F::kKVTiles / 2 * F::kKVFloats * 4;  // V (likewise)
-  const uint32_t q_tiles = v_tile + F::kKVTiles / 2 * F::kKVFloats * 4;  // 2 buffers
-  const uint32_t do_tiles = q_tiles + 2 * F::kQFloats * 4;   // 2 buffers
-  const uint32_t ds_tile = do_tiles + 2 * F::kQFloats * 4;   // [kBlockN][kDsStride]
+  const uint32_t k_tile = smem_addr(smem);                       // K hi, then K lo
+  const uint32_t v_tile = k_tile + 2 * F::kKVFloats * 4;          // V hi, then V lo
+  const uint32_t q_tiles = v_tile + 2 * F::kKVFloats * 4;         // 2 buffers
+  const uint32_t do_tiles = q_tiles + 2 * F::kQFloats * 4;        // 2 buffers
+  const uint32_t ds_tile = do_tiles + 2 * F::kQFloats * 4;        // [kBlockN][kDsStride]
   const uint32_t stats = ds_tile + F::kBlockN * F::kDsStride * 4;  // 2 x (lse, delta)
+  const uint32_t halves = stats + 4 * F::kBlockM * 4;  // [warp][2 kQTiles][lane] float4
   float* const ds_floats = smem + (ds_tile - k_tile) / 4;
   const float* const stat_floats = smem + (stats - k_tile) / 4;
 
@@ -195,7 +223,10 @@ __global__ void __launch_bounds__(F::kThreads, 2)
   const int warp = tid >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int key0 = 16 * warp;  // the warp's first key in the CTA's block
+  // The warp's keys and dim group (written so that one group leaves no arithmetic behind).
+  const int key_warp = F::kDimGroups == 1 ? warp : warp % F::kKeyWarps;
+  const int key0 = 16 * key_warp;  // the warp's first key in the CTA's block
+  const int col0 = F::kDimGroups == 1 ? 0 : (warp / F::kKeyWarps) * F::kGroupDim;
   // Lane offsets (bytes): A of K and V (rows key0 + g, column t), B of Q^T and dO^T (row g,
   // column t), B of dO and Q in dV, dK (rows 2t, column g), A of dS in dQ and B of K there.
   const uint32_t kv_a_lane = static_cast<uint32_t>(((key0 + g) * F::kStride + t) * 4);
@@ -217,12 +248,9 @@ __global__ void __launch_bounds__(F::kThreads, 2)
   const int slot = g & 3;  // the lane's place among those sharing Philox blocks
   static_assert(kQTiles % 2 == 0, "dropout's Philox blocks are drawn for two n-tiles at once");
 
-  for (int64_t item = blockIdx.x; item < p.batch * key_blocks * F::kPasses; item += gridDim.x) {
-    // The passes over D of one key block run side by side (K, V, Q and dO shared in L2).
-    const int col0 = static_cast<int>(item % F::kPasses) * F::kPassDim;
-    const int64_t pair = item / F::kPasses;
-    const int64_t b = longest_first ? pair % p.batch : pair / key_blocks;
-    const int64_t n0 = (longest_first ? pair / p.batch : pair % key_blocks) * F::kBlockN;
+  for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
+    const int64_t b = longest_first ? item % p.batch : item / key_blocks;
+    const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * F::kBlockN;
     const int64_t kv_b = (b / p.kv_group) * S * D;
     const void* const mask_b = has_mask ? mask_slice_of<float>(p, b) : nullptr;
     const int64_t first_block = p.causal ? n0 / F::kBlockM : 0;
@@ -249,29 +277,10 @@ __global__ void __launch_bounds__(F::kThreads, 2)
     }
     cp_async_commit();
 
-    // K and V split into hi and lo once: each thread its own copies' floats (load_rows's
-    // chunks, so no barrier is needed first), in place (hi) and into the lo tiles.
-    if constexpr (F::kSplitKV) {
-      cp_async_wait<1>();
-      constexpr int kChunks = D / 4;
-#pragma unroll
-      for (int pass = 0; pass < F::kBlockN * kChunks / F::kThreads; ++pass) {
-        const int c = tid + pass * F::kThreads;
-        const int offset = (c / kChunks) * F::kStride + 4 * (c % kChunks);
-#pragma unroll
-        for (int tensor = 0; tensor < 2; ++tensor) {
-          float* const hi = smem + tensor * 2 * F::kKVFloats + offset;
-          float* const lo = hi + F::kKVFloats;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            uint32_t h, l;
-            split_tf32(hi[e], h, l);
-            hi[e] = __uint_as_float(h);
-            lo[e] = __uint_as_float(l);
-          }
-        }
-      }
-    }
+    // K and V split into hi (in place) and lo once: each thread its own copies' chunks.
+    cp_async_wait<1>();
+    split_rows_in_place<F, F::kBlockN, F::kStride, F::kKVFloats>(smem, tid);
+    split_rows_in_place<F, F::kBlockN, F::kStride, F::kKVFloats>(smem + 2 * F::kKVFloats, tid);
 
     float dk_acc[kDTiles][4] = {};
     float dv_acc[kDTiles][4] = {};
@@ -289,12 +298,13 @@ __global__ void __launch_bounds__(F::kThreads, 2)
       const float* const lse_block = stat_floats + buffer * 2 * F::kBlockM;
       const float* const delta_block = lse_block + F::kBlockM;
 
-      // S^T = K Q^T and dP^T = V dO^T: [j] is keys key0 .. + 15 x queries m0 + 8 j .. + 7.
+      // S^T = K Q^T and dP^T = V dO^T: [j] is keys key0 .. + 15 x queries m0 + 8 j .. + 7, over
+      // the warp's dim group.
       float st[kQTiles][4] = {};
       float dpt[kQTiles][4] = {};
 #pragma unroll
       for (int ks = 0; ks < F::kKSteps; ++ks) {
-        const uint32_t column = static_cast<uint32_t>(ks * 8 * 4);
+        const uint32_t column = static_cast<uint32_t>((col0 + ks * 8) * 4);
         const SplitFragment<4> ka = kv_a_fragment<F>(k_tile, kv_a_lane + column);
         const SplitFragment<4> va = kv_a_fragment<F>(v_tile, kv_a_lane + column);
 #pragma unroll
@@ -302,6 +312,25 @@ __global__ void __launch_bounds__(F::kThreads, 2)
           const uint32_t row = static_cast<uint32_t>(j * 8 * F::kStride * 4) + column + qt_lane;
           mma_3xtf32(st[j], ka, split_b_fragment(q_tile + row, 16));
           mma_3xtf32(dpt[j], va, split_b_fragment(do_tile + row, 16));
+        }
+      }
+      if constexpr (F::kDimGroups == 2) {
+        // The pair (warps w and w + 4, the same keys) swaps its halves and adds them: a + b and
+        // b + a are the same float, so both warps hold the same S^T and dP^T.
+        constexpr int kWarpBytes = 2 * kQTiles * 32 * 16;
+        const uint32_t mine = halves + static_cast<uint32_t>(warp * kWarpBytes + lane * 16);
+        const uint32_t partner =
+            halves + static_cast<uint32_t>((warp ^ F::kKeyWarps) * kWarpBytes + lane * 16);
+#pragma unroll
+        for (int j = 0; j < kQTiles; ++j) {
+          st_shared_f32x4(mine + (2 * j) * 32 * 16, st[j]);
+          st_shared_f32x4(mine + (2 * j + 1) * 32 * 16, dpt[j]);
+        }
+        pair_barrier(1 + key_warp);
+#pragma unroll
+        for (int j = 0; j < kQTiles; ++j) {
+          add_shared_f32x4(st[j], partner + (2 * j) * 32 * 16);
+          add_shared_f32x4(dpt[j], partner + (2 * j + 1) * 32 * 16);
         }
       }
 
@@ -345,14 +374,17 @@ __global__ void __launch_bounds__(F::kThreads, 2)
       add_block_product<F>(dv_acc, st, do_tile + qdk_lane, col0);
       add_block_product<F>(dk_acc, dpt, q_tile + qdk_lane, col0);
 
-      // dS^T to shared memory (row: key, column: query), then dQ += dS K for the warp's m-tile
-      // and half of D over the CTA's 64 keys.
+      // dS^T to shared memory (row: key, column: query; written by the first dim group, the
+      // pairs' copies being equal), then dQ += dS K for the warp's m-tile and n-tiles over the
+      // CTA's 64 keys.
+      if (col0 == 0) {
 #pragma unroll
-      for (int j = 0; j < kQTiles; ++j) {
+        for (int j = 0; j < kQTiles; ++j) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          *reinterpret_cast<float2*>(ds_floats + (key0 + g + 8 * h) * F::kDsStride + 8 * j +
-                                     2 * t) = make_float2(dpt[j][2 * h], dpt[j][2 * h + 1]);
+          for (int h = 0; h < 2; ++h) {
+            *reinterpret_cast<float2*>(ds_floats + (key0 + g + 8 * h) * F::kDsStride + 8 * j +
+                                       2 * t) = make_float2(dpt[j][2 * h], dpt[j][2 * h + 1]);
+          }
         }
       }
       __syncthreads();
@@ -370,24 +402,20 @@ __global__ void __launch_bounds__(F::kThreads, 2)
         }
 #pragma unroll
         for (int dj = 0; dj < kDqNTiles; ++dj) {
-          const uint32_t kb = k_tile + qdk_lane +
-                              static_cast<uint32_t>(
-                                  (ks * 8 * F::kStride + col0 + (dq_tile0 + dj) * 8) * 4);
+          const uint32_t kb =
+              k_tile + qdk_lane +
+              static_cast<uint32_t>((ks * 8 * F::kStride + (dq_tile0 + dj) * 8) * 4);
           SplitFragment<2> kf;
-          if constexpr (F::kSplitKV) {
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              kf.hi[r] = __float_as_uint(ld_shared_f32(kb + r * F::kStride * 4));
-              kf.lo[r] = __float_as_uint(ld_shared_f32(kb + F::kKVFloats * 4 + r * F::kStride * 4));
-            }
-          } else {
-            kf = split_b_fragment(kb, F::kStride * 4);
+          for (int r = 0; r < 2; ++r) {
+            kf.hi[r] = __float_as_uint(ld_shared_f32(kb + r * F::kStride * 4));
+            kf.lo[r] = __float_as_uint(ld_shared_f32(kb + F::kKVFloats * 4 + r * F::kStride * 4));
           }
           mma_3xtf32(dq_part[dj], dsa, kf);
         }
       }
-      float* const dq_rows = dq_accum + (b * rows_padded + m0 + 16 * dq_mtile + g) * D + col0 +
-                             dq_tile0 * 8 + 2 * t;
+      float* const dq_rows =
+          dq_accum + (b * rows_padded + m0 + 16 * dq_mtile + g) * D + dq_tile0 * 8 + 2 * t;
 #pragma unroll
       for (int dj = 0; dj < kDqNTiles; ++dj) {
         red_add_f32x2(dq_rows + 8 * dj, dq_part[dj][0], dq_part[dj][1]);
@@ -449,7 +477,7 @@ bool launch_backward_f32(const float* dout, const float* q, const float* k, cons
     return true;
   }
   kernels::detail::allow_shared_memory(kernel, F::kSmemBytes);
-  const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN) * F::kPasses;
+  const int64_t work = p.batch * ceil_div(p.len_kv, F::kBlockN);
   // longest_first_pays counts 2-byte elements: float32's Q and dO are twice as wide.
   const bool longest_first = p.causal && longest_first_pays(p.batch, p.len_q, 2 * p.head_dim);
   kernel<<<kernels::detail::grid_for(work), F::kThreads, F::kSmemBytes, stream>>>(
