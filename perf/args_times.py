@@ -1,11 +1,11 @@
-"""Forward and forward+backward times of fixed and SDPA's default for the args rows a kernel
-change moves (bf16, H = 16; CUDA events, 3 warm-up calls, the median of 20 batches), printed one
-row per case with SDPA's time over fixed's. A batch is CALLS_PER_BATCH calls timed behind one
-untimed call, the time per call its share: the GPU is busy when the first event fires and the
-host enqueues ahead of it, so a call's host time (tens of microseconds, the glue's allocations
-among them) is hidden wherever it is shorter than the GPU's, as in `make bench`'s batches. One
-call between two events, as before v35, counted the host's time before the launch: the split
-tail's kernel gained 6% at plain-64 and this script read 0.99x (perf/NOTES.md, v35).
+"""Forward and forward+backward times of fixed and SDPA's default for the args rows a kernel change
+moves (bf16 unless a case says float32, H = 16; CUDA events, 3 warm-up calls, the median of 20
+batches), printed one row per case with SDPA's time over fixed's. A batch is CALLS_PER_BATCH calls
+timed behind one untimed call, the time per call its share: the GPU is busy when the first event
+fires and the host enqueues ahead of it, so a call's host time (tens of microseconds, the glue's
+allocations among them) is hidden wherever it is shorter than the GPU's, as in `make bench`'s
+batches. One call between two events, as before v35, counted the host's time before the launch: the
+split tail's kernel gained 6% at plain-64 and this script read 0.99x (perf/NOTES.md, v35).
 
 The instrument of perf/NOTES.md's A/B runs (v27 on; perf/ab.py runs it in two checkouts,
 alternating which goes first, so that both see the same machine). `make bench` stays the
@@ -31,7 +31,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = 16
 
-# name: (batch, seq, head dim, mask kind, dropout_p), grouped as --cases takes them. Mask kinds:
+# name: (batch, seq, head dim, mask kind, dropout_p[, dtype: bf16 if absent]), grouped as --cases
+# takes them. Mask kinds:
 # "float", "bool" (tensors), "causal" (is_causal=True), None; "ev-half": no mask, V (and the
 # output) with half the head dim's columns (the bench's Ev = D / 2).
 CASES = {
@@ -69,22 +70,25 @@ CASES = {
         "causal-128": (4, 2048, 128, "causal", 0.0),
         "causal-128-8192": (1, 8192, 128, "causal", 0.0),
     },
+    "float32": {  # head dim 128: about 20 s a case
+        "f32-128": (4, 2048, 128, None, 0.0, torch.float32),
+        "f32-128-8192": (1, 8192, 128, None, 0.0, torch.float32),
+        "f32-causal-128": (4, 2048, 128, "causal", 0.0, torch.float32),
+    },
 }
 ALL_CASES = {name: case for group in CASES.values() for name, case in group.items()}
 
 
-def inputs(batch, seq, dim, mask_kind):
+def inputs(batch, seq, dim, mask_kind, dtype=torch.bfloat16):
     generator = torch.Generator(device="cuda").manual_seed(0)
     value_dim = dim // 2 if mask_kind == "ev-half" else dim
     q, k, v, grad = (
-        torch.randn(
-            batch, HEADS, seq, width, device="cuda", dtype=torch.bfloat16, generator=generator
-        )
+        torch.randn(batch, HEADS, seq, width, device="cuda", dtype=dtype, generator=generator)
         for width in (dim, dim, value_dim, value_dim)
     )
     mask = None
     if mask_kind == "float":  # the bench's: a bias per (query, key), shared by batch and heads
-        mask = torch.randn(1, 1, seq, seq, device="cuda", dtype=torch.bfloat16, generator=generator)
+        mask = torch.randn(1, 1, seq, seq, device="cuda", dtype=dtype, generator=generator)
     elif mask_kind == "bool":  # the bench's: the causal mask as a tensor
         mask = torch.ones(seq, seq, dtype=torch.bool, device="cuda").tril()
     elif mask_kind == "causal":
@@ -128,10 +132,10 @@ def calls(attention, q, k, v, grad, mask, dropout_p):
     return forward, forward_backward
 
 
-def time_case(name, batch, seq, dim, mask_kind, dropout_p):
+def time_case(name, batch, seq, dim, mask_kind, dropout_p, dtype=torch.bfloat16):
     import fixed  # after the GPU check: importing fixed builds its operator
 
-    (q, k, v), grad, mask = inputs(batch, seq, dim, mask_kind)
+    (q, k, v), grad, mask = inputs(batch, seq, dim, mask_kind, dtype)
     result = {}
     for label, attention in (
         ("fixed", fixed.fast_attention),
@@ -150,8 +154,8 @@ def time_case(name, batch, seq, dim, mask_kind, dropout_p):
 def run_once(name):
     import fixed
 
-    batch, seq, dim, mask_kind, dropout_p = ALL_CASES[name]
-    (q, k, v), grad, mask = inputs(batch, seq, dim, mask_kind)
+    batch, seq, dim, mask_kind, dropout_p, *dtype = ALL_CASES[name]
+    (q, k, v), grad, mask = inputs(batch, seq, dim, mask_kind, *dtype)
     calls(fixed.fast_attention, q, k, v, grad, mask, dropout_p)[1]()
     torch.cuda.synchronize()
     print(f"{name}: one forward+backward done")
