@@ -70,10 +70,12 @@ CASES = {
         "causal-128": (4, 2048, 128, "causal", 0.0),
         "causal-128-8192": (1, 8192, 128, "causal", 0.0),
     },
-    "float32": {  # head dim 128: about 20 s a case
+    "float32": {  # head dim 128: about 20 s a case at S >= 2048
         "f32-128": (4, 2048, 128, None, 0.0, torch.float32),
         "f32-128-8192": (1, 8192, 128, None, 0.0, torch.float32),
         "f32-causal-128": (4, 2048, 128, "causal", 0.0, torch.float32),
+        "f32-128-1024": (1, 1024, 128, None, 0.0, torch.float32),  # 128 row blocks of 128
+        "f32-128-512": (1, 512, 128, None, 0.0, torch.float32),  # 64: half the SMs idle
     },
 }
 ALL_CASES = {name: case for group in CASES.values() for name, case in group.items()}
