@@ -107,7 +107,9 @@ struct F32BackwardTiling {
 using F32Backward64 = F32BackwardTiling<64, 32>;
 using F32Backward128 = F32BackwardTiling<128, 16>;
 
-// The barrier of one warp pair (64 threads; ids 1 to 4, __syncthreads has 0).
+// The barrier of one warp pair (64 threads; ids 1 to 4, __syncthreads has 0). Not
+// sm90_pipeline.cuh's named_barrier_sync, which emits only in sm_90a images: this kernel runs on
+// sm_80 and later.
 __device__ __forceinline__ void pair_barrier(int id) {
   asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
 }
