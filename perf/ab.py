@@ -9,12 +9,15 @@ Each checkout needs fixed/ built for this GPU (`python -m kata build --impl fixe
 B A, A B, ...): a machine that drifts (clocks, heat) then favours neither, as it favoured A in
 v34's first A/B of the split tail, where B always ran second. Prints, per case, fixed's forward
 and forward+backward medians over the rounds in each checkout and B's speed over A's (above 1:
-B is faster). Bad input or a failed run: one line, exit status 2."""
+B is faster). Bad input or a failed run: one line, exit status 2. Stopped mid-run (SIGTERM, as
+`timeout` sends, or Ctrl-C): the table of the rounds both checkouts finished, if any, then one
+line, exit status 2."""
 
 from __future__ import annotations
 
 import argparse
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -27,6 +30,14 @@ ROW = re.compile(r"^(\S+)\s+\(.*?\): fwd ([\d.]+) ms vs SDPA .*?fwd\+bwd ([\d.]+
 
 class Failure(Exception):
     """A problem to report in one line."""
+
+
+class Stopped(Exception):
+    """SIGTERM mid-run: subprocess.run kills the running args_times.py as this passes."""
+
+
+def _stop(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
 
 
 def round_order(rounds: int) -> list[tuple[str, str]]:
@@ -90,6 +101,15 @@ def table(runs: dict[str, list[dict[str, tuple[float, float]]]]) -> list[str]:
     return lines
 
 
+def report(
+    runs: dict[str, list[dict[str, tuple[float, float]]]], rounds: int, done: int, a: Path, b: Path
+) -> None:
+    """The table of the first `done` rounds of each checkout."""
+    count = f"{done}" if done == rounds else f"{done} of {rounds}"
+    print(f"A = {a}, B = {b}; medians of {count} rounds, ms (fixed's)")
+    print("\n".join(table({side: runs[side][:done] for side in "AB"})))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("a", type=Path, help="checkout A (the baseline)")
@@ -98,13 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of A and B (default 3)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
+    runs: dict[str, list[dict[str, tuple[float, float]]]] = {"A": [], "B": []}
     try:
         if args.rounds < 1:
             raise Failure(f"--rounds {args.rounds}: at least 1")
         for directory in (args.a, args.b):
             if not (directory / SCRIPT).is_file():
                 raise Failure(f"{directory}: no {SCRIPT} (a checkout's root?)")
-        runs: dict[str, list[dict[str, tuple[float, float]]]] = {"A": [], "B": []}
         for number, order in enumerate(round_order(args.rounds), start=1):
             for side in order:
                 directory = args.a if side == "A" else args.b
@@ -113,8 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     except Failure as failure:
         print(f"ab: {failure}", file=sys.stderr)
         return 2
-    print(f"A = {args.a}, B = {args.b}; medians of {args.rounds} rounds, ms (fixed's)")
-    print("\n".join(table(runs)))
+    except (Stopped, KeyboardInterrupt) as stop:
+        done = min(len(runs["A"]), len(runs["B"]))
+        if done:
+            report(runs, args.rounds, done, args.a, args.b)
+        why = stop.args[0] if isinstance(stop, Stopped) else "interrupted"
+        print(f"ab: stopped ({why}) after {done} of {args.rounds} rounds", file=sys.stderr)
+        return 2
+    report(runs, args.rounds, args.rounds, args.a, args.b)
     return 0
 
 

@@ -5,10 +5,15 @@ with stand-ins for args_times.py that print fixed times."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "perf" / "ab.py"
@@ -25,17 +30,22 @@ ROWS = (
 )
 
 
-def stand_in(directory: Path, scale: float, fail: bool = False) -> Path:
+def stand_in(directory: Path, scale: float, fail: bool = False, hang_from: int = 0) -> Path:
     """A checkout whose perf/args_times.py prints ROWS with fixed's times times `scale`, and
-    appends its --cases argument to calls.txt (or fails, saying why)."""
+    appends its --cases argument to calls.txt (or fails, saying why; or, from its hang_from-th
+    call on, hangs)."""
     (directory / "perf").mkdir(parents=True)
     (directory / "perf" / "args_times.py").write_text(
         textwrap.dedent(
             f"""
-            import re, sys
+            import os, re, sys, time
             from pathlib import Path
-            with open(Path(__file__).parents[1] / "calls.txt", "a") as calls:
+            log = Path(__file__).parents[1] / "calls.txt"
+            with open(log, "a") as calls:
                 calls.write(sys.argv[2] + "\\n")
+            if {hang_from} and len(log.read_text().splitlines()) >= {hang_from}:
+                (log.parent / "hanging.pid").write_text(str(os.getpid()))
+                time.sleep(60)
             if {fail!r}:
                 sys.exit("args_times: needs a CUDA GPU; torch sees none")
             def scaled(match):
@@ -87,3 +97,29 @@ def test_bad_input_and_a_failed_run_get_one_line(tmp_path):
         assert "Traceback" not in result.stderr, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("ab: ") and expected in lines[0], lines
+
+
+def test_a_stop_mid_run_prints_the_finished_rounds(tmp_path):
+    """SIGTERM (what `timeout` sends) in round 2: round 1's table, then one line, status 2, and
+    the hanging args_times.py killed with it."""
+    a = stand_in(tmp_path / "a", 1.0)
+    b = stand_in(tmp_path / "b", 0.5, hang_from=2)  # B's second call: round 2's first run
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(a), str(b), "--rounds", "3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline().startswith("round 1 of 3 done (A B)")
+    deadline = time.monotonic() + 30
+    while not (b / "hanging.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # B's hanging run has started
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 2, (out, err)
+    assert "medians of 1 of 3 rounds" in out, out
+    row = next(line for line in out.splitlines() if line.startswith("plain-64"))
+    assert row.split() == ["plain-64", "0.2000", "0.1000", "2.00", "0.7000", "0.3500", "2.00"]
+    assert err.strip().splitlines() == ["ab: stopped (SIGTERM) after 1 of 3 rounds"], err
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left sleeping
+        os.kill(int((b / "hanging.pid").read_text()), 0)
