@@ -35,16 +35,17 @@
 //   6. dS^T (bf16/fp16) to shared memory: the packed pair of rows key_row0 + g + 8 h, query
 //      columns 8 j + 2 t, + 1 is one 4-byte store, j = 2 kk + (r >> 1), h = r & 1.
 //      fence.proxy.async, then:
-//   7. dK (64 x D) += dS^T Q: as dV, A = the packed dS^T registers, B = Q MN-major.
 //   8. Barrier (both consumer warpgroups' dS^T rows are in shared memory: a named barrier of
 //      their 256 threads), then dQ = dS K, one 64 x 64
 //      tile per warpgroup (D = 64, R = 128: warpgroup wg takes queries 64 wg .., all of D;
 //      D = 128, R = 64: both take the 64 queries, warpgroup wg head dims 64 wg ..): 8 wgmma
 //      m64n64k16 over the 128 keys, A = dS read from the stored dS^T ([key][query], query
 //      contiguous) as an MN-major A (imm-trans-a), B = K ([key][d]) MN-major (imm-trans-b).
-//      With dropout, the next block's keep bits are drawn before the barrier, while dV and
-//      dK run (after dQ's issue, 24 bytes more spill at D = 128: ptxas, perf/NOTES.md v34).
-//   9. Wait for all of it; dQ's f32 accumulator to the dQ stage in shared memory (element
+//      With dropout, the next block's keep bits are drawn before the barrier, while dV runs
+//      (after dQ's issue, 24 bytes more spill at D = 128: ptxas, perf/NOTES.md v34).
+//   7. dK (64 x D) += dS^T Q: as dV, A = the packed dS^T registers, B = Q MN-major. Issued
+//      behind dQ (FlashAttention-3's order), it runs while dQ is staged (step 9).
+//   9. Wait for dQ; its f32 accumulator to the dQ stage in shared memory (element
 //      dq[4 j + e] is query 64 (row group) + 16 (warp & 3) + g + 8 (e >> 1) of the block, head
 //      dim 64 (column group) + 8 j + 2 t + (e & 1)), in the layout of the workspace rows
 //      m0 .. m0 + kBlockM - 1, with flash_backward.cuh's swizzled_dq_chunk (a warp's 8 rows on
@@ -393,19 +394,15 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       }
       fence_proxy_async_shared();  // this thread's dS^T stores, to the wgmmas of dQ
 
-      // 4 (late), 7: dV += P^T dO where not issued yet, dK += dS^T Q.
-      wgmma_fence();
+      // 4 (late): dV += P^T dO where not issued yet.
       if constexpr (!kEarlyDv) {
+        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kQSteps; ++kk) {
           wgmma_m64k16_rs<T, D>(dv_acc, p_frag[kk], do_mn_major.at(kk * 16 * kRowBytes));
         }
+        wgmma_commit_group();
       }
-#pragma unroll
-      for (int kk = 0; kk < kQSteps; ++kk) {
-        wgmma_m64k16_rs<T, D>(dk_acc, ds_frag[kk], q_mn_major.at(kk * 16 * kRowBytes));
-      }
-      wgmma_commit_group();
 
       // 8: dQ = dS K, once both warpgroups' dS^T is in shared memory. A: queries 64 dq_row ..
       // of the stored dS^T, MN-major (k-step kk: keys 16 kk .. + 15, 16 rows further; LBO
@@ -424,11 +421,15 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
                                  k_mn_major.at(kk * 16 * kRowBytes), kk > 0);
       }
       wgmma_commit_group();
-      wgmma_wait_group<0>();  // dV, dK and dQ; p_frag and ds_frag are free again
-      wgmma_fence_operands(dv_acc);
-      wgmma_fence_operands(dk_acc);
+      // 7: dK += dS^T Q, issued behind dQ so that it runs while dQ is staged (FlashAttention-3's
+      // order; issued before the barrier, the tensor cores idled while dQ was stored).
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+        wgmma_m64k16_rs<T, D>(dk_acc, ds_frag[kk], q_mn_major.at(kk * 16 * kRowBytes));
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<1>();  // dV and dQ; dK may still be in flight
       wgmma_fence_operands(dq);
-      mbarrier_arrive(sm.empty(buf));  // this thread is done with the block's buffers
 
       // 9: dQ to its stage, once the bulk reduction that last used it has read it (the phase
       // before this use's): rows 64 dq_row + 16 (warp & 3) + g (+ 8) of the block (row & 7 ==
@@ -448,6 +449,10 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       }
       fence_proxy_async_shared();  // this thread's dQ stores, to the bulk reduction
       mbarrier_arrive(sm.staged(Smem::stage_index(blocks)));
+      wgmma_wait_group<0>();  // dK; p_frag and ds_frag are free again
+      wgmma_fence_operands(dv_acc);
+      wgmma_fence_operands(dk_acc);
+      mbarrier_arrive(sm.empty(buf));  // this thread is done with the block's buffers (dK read Q)
       m0 = following;
     }
 
