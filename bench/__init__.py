@@ -27,9 +27,10 @@ flatter small shapes. On the CPU each run is timed with perf_counter. A row whos
 longer than `--max-call` seconds is reported as skipped, and the whole run stops timing new rows
 once `--time-limit` is spent; both say so in the row's status. The llm rows of one shape and pass,
 and the args rows of one case, shape and pass, are timed together (alternate): each implementation
-runs one batch per round, in an order that rotates, so that a drift of the GPU's clock lands on all
-of them alike; their rows keep each batch's median and the SM clock NVML read after the batches
-(sm_clock_mhz).
+runs one batch per round, so that a drift of the GPU's clock lands on all of them alike, in orders
+where each follows every other one equally often, each batch after untimed calls of its own (on a
+GPU, ~30 ms: what the previous batch left behind, its clock or heat, is not timed); their rows keep
+each batch's median and the SM clock NVML read after the batches (sm_clock_mhz).
 
 FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·L·S·D, halved when causal; the
 backward 2.5x the forward, so forward+backward 3.5x.

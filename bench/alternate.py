@@ -4,9 +4,19 @@ batches, with the SM clock read after each batch.
 Timed one after the other, each implementation's runs sit in a block of their own, and a drift of
 the GPU (its clock under power or heat, a neighbour's load) lands on one block and not on the
 next: their ratio then measures the drift as much as the kernels. Here each implementation gets a
-batch in every round, the order rotating from round to round, and its median is over all of its
-batches. Each batch's median stays in the row (their spread says how steady it was), beside the
-SM clock NVML reported after each batch (a row timed at a lower clock shows)."""
+batch in every round and its median is over all of its batches. Each batch's median stays in the
+row (their spread says how steady it was), beside the SM clock NVML reported after each batch (a
+row timed at a lower clock shows).
+
+A batch also inherits what its predecessor left behind (the clock of a power-capped GPU, its
+heat), and a rotating order keeps the same predecessors together. An H200 bench with the order
+only rotating, so that SDPA's cuDNN backend followed its flash backend in
+four rounds of five, timed the cuDNN forward at (4, 16, 8192, 128) at 3.22-3.24 ms in those four
+batches and 3.85 ms in the fifth, and SDPA's default (the same cuDNN kernel, never after flash)
+at 3.66-3.98 ms. So each round's order comes from a Williams design (every implementation follows
+every other one equally often over n rounds, n even; 2 n, n odd), and on a GPU each batch starts
+with untimed calls of its own (settings.alternate_settle_ms' worth), so that the GPU is in the
+state this implementation brings it to when the timing starts."""
 
 from __future__ import annotations
 
@@ -71,6 +81,26 @@ class Entry:
     clocks: list[int] = field(default_factory=list)
 
 
+def williams_orders(n: int) -> list[list[int]]:
+    """Orders of 0 .. n-1, one per round, in which each index directly follows every other one
+    equally often (once over the n orders for even n, twice over the 2 n for odd n): a Williams
+    design, balanced for what a batch inherits from the one before it."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    orders = [[(index + shift) % n for index in first] for shift in range(n)]
+    return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
+
+
+def settle_calls(settle_ms: float, estimate_ms: float) -> int:
+    """Untimed calls before a batch: settle_ms's worth, at least one."""
+    return max(1, math.ceil(settle_ms / max(estimate_ms, 1e-3)))
+
+
 def runs_for(settings, estimate_ms: float) -> int:
     """A row's timed runs: its budget's worth, within --min-runs and --max-runs."""
     budget = int(settings.budget_s * 1e3 / max(estimate_ms, 1e-3))
@@ -84,22 +114,29 @@ def alternate(
     clock: SmClock,
     time_each: Callable[[Callable[[int], object], list[int], bool], list[float]],
 ) -> None:
-    """Time `entries` in `rounds` rounds of one batch each (round r starts at entry r), then
-    record each row's median, runs, batch medians and SM clock. A call that fails or runs out of
-    memory marks its row and drops it from later rounds."""
-    live = list(entries)
-    for entry in live:
+    """Time `entries` in `rounds` rounds of one batch each (round r in williams_orders' order
+    r, cycling), on a GPU each batch after settle_calls untimed calls of its own, then record
+    each row's median, runs, batch medians and SM clock. A call that fails or runs out of memory
+    marks its row and drops it from later rounds."""
+    for entry in entries:
         entry.row["batch_medians_ms"] = []
+    orders = williams_orders(len(entries))
     for round_ in range(rounds):
-        for k in range(len(live)):
-            entry = live[(k + round_) % len(live)]
+        for k in orders[round_ % len(orders)]:
+            entry = entries[k]
             if entry.row["status"] != "ok":
                 continue
+            settle = (
+                settle_calls(settings.alternate_settle_ms, entry.estimate_ms)
+                if settings.cuda
+                else 0
+            )
             per_batch = math.ceil(runs_for(settings, entry.estimate_ms) / rounds)
-            indices = [(entry.next_set + i) % entry.n_sets for i in range(per_batch)]
-            entry.next_set += per_batch
+            indices = [(entry.next_set + i) % entry.n_sets for i in range(settle + per_batch)]
+            entry.next_set += settle + per_batch
             try:
-                times = time_each(entry.call, indices, settings.cuda)
+                time_each(entry.call, indices[:settle], settings.cuda)  # untimed: settling
+                times = time_each(entry.call, indices[settle:], settings.cuda)
             except torch.OutOfMemoryError:
                 entry.row["status"] = "skipped: out of GPU memory while timing"
                 torch.cuda.empty_cache()

@@ -61,6 +61,8 @@ class Settings:
     # The llm section times its implementations in this many alternating batches each
     # (bench/alternate.py).
     alternate_rounds: int = 5
+    # On a GPU each batch starts with about this long of its own calls, untimed.
+    alternate_settle_ms: float = 30.0
     kata_batch: int = 8
     kata_seqs: tuple[int, ...] = (512, 1024, 2048, 4096)
     llm_batch: int = 4
@@ -90,6 +92,7 @@ class Settings:
             "seed": self.seed,
             "l2_bytes": self.l2_bytes,
             "alternate_rounds": self.alternate_rounds,
+            "alternate_settle_ms": self.alternate_settle_ms if self.cuda else 0.0,
             "rotation_bytes": ROTATION_FACTOR * self.l2_bytes,
             "overhead": {
                 "shape": list(self.overhead_shape),
@@ -127,7 +130,7 @@ def make_settings(args, device: torch.device) -> Settings:
         min_runs=3 if args.quick else 5,
         max_runs=10 if args.quick else 50,
         max_call_s=0.5 if args.quick else 1.0,
-        time_limit_s=60.0 if args.quick else 150.0,
+        time_limit_s=90.0 if args.quick else 240.0,
         max_seq=args.max_seq,
         seed=args.seed,
         l2_bytes=l2,

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="time_limit_s",
         type=float,
         metavar="S",
-        help="time no new row after this many seconds (150; 60 with --quick)",
+        help="time no new row after this many seconds (240; 90 with --quick)",
     )
     return parser
 

@@ -266,10 +266,12 @@ def _llm_tables(rows, report) -> list[str]:
 
 def _llm_instrument(rows, report) -> str:
     """How the LLM rows were timed (bench/alternate.py) and the SM clock range they saw."""
-    rounds = report.get("settings", {}).get("alternate_rounds")
+    settings = report.get("settings", {})
+    rounds, settle = settings.get("alternate_rounds"), settings.get("alternate_settle_ms")
     text = "LLM rows: the median of all runs"
     if rounds:
-        text += f" over {rounds} alternating batches (fixed, SDPA, its backends in turn)"
+        text += f" over {rounds} alternating batches (fixed, SDPA, its backends in balanced orders"
+        text += f"; each batch after {settle:g} ms of its own calls untimed)" if settle else ")"
     clocks = [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz")]
     if clocks:
         low, high = min(clocks), max(clocks)

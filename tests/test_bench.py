@@ -4,6 +4,7 @@ tiny shapes. Timings are recorded, never asserted."""
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import time
@@ -251,6 +252,45 @@ def test_alternate_rotates_the_order_and_records_every_batch():
         # Input sets 1, 2, 3, 0, 1, 2: rotated through, never the checked call's alone.
         assert row["median_ms"] == pytest.approx(ms + 0.015), row
         assert 1000 <= row["sm_clock_mhz"] < 2000, row
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_williams_orders_give_every_implementation_every_predecessor_alike(n):
+    orders = alternate.williams_orders(n)
+    assert len(orders) == (n if n % 2 == 0 else 2 * n)
+    assert all(sorted(order) == list(range(n)) for order in orders), orders
+    follows = collections.Counter(
+        (order[i], order[i + 1]) for order in orders for i in range(n - 1)
+    )
+    times = 1 if n % 2 == 0 else 2
+    assert follows == {(a, b): times for a in range(n) for b in range(n) if a != b}, orders
+
+
+def test_alternate_settles_each_gpu_batch_untimed_on_its_own_calls():
+    settings = types.SimpleNamespace(
+        budget_s=1.0, min_runs=4, max_runs=4, cuda=True, alternate_settle_ms=30.0
+    )
+    batches = []
+
+    def timer(call, indices, cuda):  # alternate calls it twice a batch: settling, then timed
+        batches.append([call(i) for i in indices])
+        return [100.0 if len(batches) % 2 else 1.0] * len(indices)
+
+    entries = []
+    for name, ms in (("a", 10.0), ("b", 40.0)):
+        row = {"status": "ok", "median_ms": None, "runs": 0}
+        entries.append(alternate.Entry(row, lambda i, name=name: (name, i), 8, 0, estimate_ms=ms))
+    alternate.alternate(entries, 2, settings, FakeClock(), timer)
+    # Per batch: settle_calls untimed calls (30 ms: 3 of a's, 1 of b's), then the timed two.
+    sizes = [len(batch) for batch in batches]
+    assert sizes == [3, 2, 1, 2, 1, 2, 3, 2], sizes
+    assert [batch[0][0] for batch in batches] == ["a", "a", "b", "b", "b", "b", "a", "a"]
+    # The input sets run on through the settling calls: a's timed ones are 3, 4, 8 % 8, 9 % 8.
+    assert [i for _, i in batches[1] + batches[7]] == [3, 4, 0, 1], batches
+    # The settling calls' times (100 ms here) are in no row.
+    for entry in entries:
+        assert entry.row["runs"] == 4 and entry.row["median_ms"] == 1.0, entry.row
+        assert entry.row["batch_medians_ms"] == [1.0, 1.0], entry.row
 
 
 def test_alternate_marks_a_failing_row_and_times_the_others():
