@@ -114,6 +114,28 @@ def check_against_reference(q, k, v, grad, scale, causal, where):
             assert error <= TOLERANCE[q.dtype], f"{name} relative error {error:.2e}: {where}"
 
 
+@pytest.mark.parametrize(
+    ("dtype", "head_dim"),
+    [(d, e) for d in DTYPES for e in HEAD_DIMS if d != torch.float32 or e <= 128],
+    ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else f"e{v}",
+)
+def test_keys_past_s_stay_out_of_the_gradients(fixed, seed, dtype, head_dim):
+    """The last key block's rows past S are zeros in shared memory, so their score is 0 and,
+    unmasked, their P would be 2^-lse: here every real score is -36 sqrt(D) (-288 at D = 64)
+    after the scale, so 2^-lse overflows float32 and dS = -P delta is inf; dQ = dS K then gave
+    NaN (inf x 0). In fp16 the 16-bit dS^T overflows already at 65504: seen in test_sdpa_cuda.py's
+    causal L = 77, S = 1 case at scale -0.3 on an H200. One real key: P = 1, dQ and dK are 0
+    (to rounding), dV is the sum of the output's gradient over the rows."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.full((2, 77, head_dim), -6.0, device="cuda", dtype=dtype)
+    k = torch.full((2, 1, head_dim), 6.0, device="cuda", dtype=dtype)
+    v = randn((2, 1, head_dim), dtype, generator)
+    grad = randn((2, 77, head_dim), dtype, generator)
+    check_against_reference(q, k, v, grad, head_dim**-0.5, False, replay(seed))
+    kernels = main_kernels(kernels_launched(q, k, v, grad))
+    assert kernels and tensor_core_kernels(dtype, head_dim)[1] in kernels[0], kernels
+
+
 # ------------------------------------------------------------------------------- results
 
 

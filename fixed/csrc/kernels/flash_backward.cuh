@@ -62,8 +62,9 @@
 // key blocks together (its Q and dO shared in L2).
 // Tails, all zero-filled in shared memory (nothing past a tensor's end is read, nothing NaN):
 // rows of Q and dO past L have lse +inf (the padding), so their P, hence dS, is exactly 0; rows
-// of K and V past S have finite P and dS, but their dK and dV rows are never stored and their
-// dS meets zero K rows in dQ.
+// of K and V past S get P = 0 (from their zero rows of K it would be 2^-lse, large where a row's
+// scores are all far below 0: fp16's dS^T overflows past 65504, float32 past 2^128, and inf x 0
+// in dQ is NaN), and their dK and dV rows are never stored.
 //
 // Shared memory, 2-byte elements, XOR-swizzled 16-byte chunks (flash_common.cuh), M = kBlockM:
 //   K, V [128][D]  +  2 x (Q, dO [M][D])  +  dS^T [128][M]  +  2 x (lse, delta [M] float32)
@@ -177,6 +178,8 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
     const void* const mask_b = has_mask ? mask_slice_of(p, b) : nullptr;
     const int64_t kv_b = b * S * D;  // where dK and dV go: per batch item, also under GQA
     const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
+    // The warp's keys before S, of its 16 (16 or more: all of them).
+    const int keys_left = static_cast<int>(min64(S - n0 - key_row0, 16));
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
     const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
     // Fits an int: L rows of D 2-byte elements are in device memory.
@@ -312,6 +315,10 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
             float prob = exp2_approx(fmaf(s[j][e], scale_log2, exponent));
             if (diagonal && diag + 8 * qt + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
               prob = 0.f;  // query before key
+            }
+            if (keys_left < 16 && g + 8 * (e >> 1) >= keys_left) {
+              prob = 0.f;  // a key past S: from its zero row of K, P would be 2^-lse, which
+                           // can overflow the 16-bit dS^T (inf x 0 in dQ: NaN)
             }
             if (has_dropout) {
               const float2 z_pair = z[2 * (j & 1) + (e >> 1)];

@@ -50,7 +50,8 @@
 // bytes with; at D = 128 none.
 // Causal: a key block's loop starts at the query block holding its first key; only blocks that
 // cross the diagonal are masked. Tails: rows of Q and dO past L are zeros with lse +inf (P = 0);
-// rows of K and V past S are zeros, their dK and dV rows never stored.
+// rows of K and V past S are zeros, with P = 0 (else 2^-lse, which overflows to inf where a
+// row's scores are all below -88, and inf x 0 is NaN in dQ), their dK and dV rows never stored.
 #ifndef FIXED_FLASH_BACKWARD_F32_CUH_
 #define FIXED_FLASH_BACKWARD_F32_CUH_
 
@@ -255,6 +256,8 @@ __global__ void __launch_bounds__(F::kThreads, F::kCtasPerSm)
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * F::kBlockN;
     const int64_t kv_b = (b / p.kv_group) * S * D;
     const void* const mask_b = has_mask ? mask_slice_of<float>(p, b) : nullptr;
+    // The warp's keys before S, of its 16 (16 or more: all of them).
+    const int keys_left = static_cast<int>(min64(S - n0 - key0, 16));
     const int64_t first_block = p.causal ? n0 / F::kBlockM : 0;
     const int64_t n_blocks = ceil_div(L, F::kBlockM) - first_block;
 
@@ -359,6 +362,9 @@ __global__ void __launch_bounds__(F::kThreads, F::kCtasPerSm)
           float prob = exp2_approx(fmaf(st[j][e], scale_log2, exponent));
           if (diagonal && n0 + key > m0 + query) {
             prob = 0.f;
+          }
+          if (keys_left < 16 && g + 8 * (e >> 1) >= keys_left) {
+            prob = 0.f;  // a key past S: 2^-lse from its zero row of K, which can overflow
           }
           if (has_dropout) {
             const float2 z_pair = z[2 * (j & 1) + (e >> 1)];

@@ -72,8 +72,8 @@
 // out in flash_backward.cuh's order (longest first where wgmma_backward_longest_first_pays, else
 // batch-major).
 // Tails, zero-filled by TMA: query rows past L have lse +inf in the padded workspace,
-// so P = dS = 0; key rows past S have finite P and dS but their dK, dV rows are never stored
-// and their dS meets zero rows of K in dQ.
+// so P = dS = 0; key rows past S get P = 0 (step 3; from their zero rows of K, P would be
+// 2^-lse, which can overflow the 16-bit dS^T), and their dK, dV rows are never stored.
 //
 // Shared memory (BackwardTile, flash_backward_tiling.cuh, lists it): K, V; Q, dO, lse, delta,
 // dS^T in two buffers each; the dQ stage (or two); a mask's entries of one block. The mask
@@ -193,6 +193,8 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
     // Where dK and dV go (per batch item, also under GQA). Without kAsIs, one product for both:
     // E = Ev = D then compiles as it did before kAsIs.
     const int64_t dk_b = b * S * E, dv_b = kAsIs ? b * S * Ev : dk_b;
+    // The warp's keys before S, of its 16 (16 or more: all of them).
+    const int keys_left = static_cast<int>(min64(S - n0 - key_row0, 16));
     int64_t m0 = first_block<F>(p, skips, b, n0);  // this iteration's query block
     // Whether block m reads mask entries: not where they are all 0 (zero_block), as P is then
     // the unmasked one; the copies of its mask tile are then skipped too.
@@ -315,6 +317,20 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
             prob = 0.f;  // query before key
           }
           s[4 * j + e] = prob;
+        }
+      }
+      if (keys_left < 16) {  // uniform: the warp's keys reach past S (the last key block)
+        // P = 0 for them: their rows of K are TMA's zeros, so S^T is 0 and P 2^-lse, large
+        // where a row's scores are all far below 0; dS = -P delta then overflows the 16-bit
+        // dS^T (fp16: past 65504) or float32 itself, and inf x 0 in dQ = dS K is NaN.
+#pragma unroll
+        for (int j = 0; j < kQTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (g + 8 * (e >> 1) >= keys_left) {
+              s[4 * j + e] = 0.f;
+            }
+          }
         }
       }
       // The warp's part of the mask tile is free: its entries of the next block, whose copies

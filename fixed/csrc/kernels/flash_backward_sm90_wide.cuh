@@ -137,6 +137,8 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
     const void* const mask_b = has_mask ? mask_slice_of(p, b) : nullptr;
     const int64_t dk_b = b * S * E, dv_b = b * S * Ev;
+    // The warp's keys before S, of its 16 (16 or more: all of them).
+    const int keys_left = static_cast<int>(min64(S - n0 - key_row0, 16));
     const int64_t k_read = (b / p.kv_group) * S * E, v_read = (b / p.kv_group) * S * Ev;
     const int64_t m_begin = p.causal ? n0 : 0;  // BM = BN: the block holding row n0
     const auto next_visible = [&](int64_t m) {
@@ -250,6 +252,9 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
           float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
           if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
             prob = 0.f;  // query before key
+          }
+          if (keys_left < 16 && g + 8 * (e >> 1) >= keys_left) {
+            prob = 0.f;  // a key past S (flash_backward_sm90_cta.cuh, step 3)
           }
           s[4 * j + e] = prob;
         }
