@@ -8,15 +8,15 @@ batch in every round and its median is over all of its batches. Each batch's med
 row (their spread says how steady it was), beside the SM clock NVML reported after each batch (a
 row timed at a lower clock shows).
 
-A batch also inherits what its predecessor left behind (the clock of a power-capped GPU, its
-heat), and a rotating order keeps the same predecessors together. An H200 bench with the order
-only rotating, so that SDPA's cuDNN backend followed its flash backend in
-four rounds of five, timed the cuDNN forward at (4, 16, 8192, 128) at 3.22-3.24 ms in those four
-batches and 3.85 ms in the fifth, and SDPA's default (the same cuDNN kernel, never after flash)
-at 3.66-3.98 ms. So each round's order comes from a Williams design (every implementation follows
-every other one equally often over n rounds, n even; 2 n, n odd), and on a GPU each batch starts
-with untimed calls of its own (settings.alternate_settle_ms' worth), so that the GPU is in the
-state this implementation brings it to when the timing starts."""
+A batch can also inherit what its predecessor left behind (the clock of a power-capped GPU, its
+heat), and a rotating order keeps the same predecessors together. An H200 bench with the order only
+rotating, so that SDPA's cuDNN backend followed its flash backend in four rounds of five, timed the
+cuDNN forward at (4, 16, 8192, 128) at 3.22-3.24 ms in those four batches and 3.85 ms in the fifth,
+and SDPA's default (the same cuDNN kernel, never after flash) at 3.66-3.98 ms. So each round's
+order comes from a Williams design (every implementation follows every other one equally often over
+n rounds, n even; 2 n, n odd), and on a GPU each batch starts with untimed calls of its own
+(settings.alternate_settle_ms' worth), so that the GPU is in the state this implementation brings
+it to when the timing starts."""
 
 from __future__ import annotations
 
