@@ -99,7 +99,8 @@ def backward(q, k, v, grad, scale, causal):
     return torch.ops.fixed_attention.attention_backward(grad, q, k, v, out, lse, scale, causal)
 
 
-def check_against_reference(q, k, v, grad, scale, causal, where):
+def check_against_reference(q, k, v, grad, scale, causal, where, tolerance=None):
+    tolerance = TOLERANCE[q.dtype] if tolerance is None else tolerance
     grads = backward(q, k, v, grad, scale, causal)
     _, *reference = attention_with_grads(q, k, v, grad, scale=scale, causal=causal)
     # One key (S = 1): P = 1, so dS = P (dP - delta), dq and dk are exactly 0, and a kernel's are
@@ -111,7 +112,7 @@ def check_against_reference(q, k, v, grad, scale, causal, where):
             assert (got.shape, got.dtype) == (leaf.shape, leaf.dtype), f"{name}: {where}"
         error = relative_error(got, ref, floor=zero_floor if ref.norm().item() == 0 else 0.0)
         with check:
-            assert error <= TOLERANCE[q.dtype], f"{name} relative error {error:.2e}: {where}"
+            assert error <= tolerance, f"{name} relative error {error:.2e}: {where}"
 
 
 @pytest.mark.parametrize(
@@ -125,13 +126,17 @@ def test_keys_past_s_stay_out_of_the_gradients(fixed, seed, dtype, head_dim):
     after the scale, so 2^-lse overflows float32 and dS = -P delta is inf; dQ = dS K then gave
     NaN (inf x 0). In fp16 the 16-bit dS^T overflows already at 65504: seen in test_sdpa_cuda.py's
     causal L = 77, S = 1 case at scale -0.3 on an H200. One real key: P = 1, dQ and dK are 0
-    (to rounding), dV is the sum of the output's gradient over the rows."""
-    generator = torch.Generator(device="cuda").manual_seed(seed)
+    (to rounding), dV is the sum of the output's gradient over the rows. A float32 score this
+    large holds its value only to |score| eps (4.9e-5 at D = 128): P, and so dV, is 1 to about
+    that, in any float32 implementation; the tolerance allows twice it."""
+    generator = torch.Generator().manual_seed(seed)
     q = torch.full((2, 77, head_dim), -6.0, device="cuda", dtype=dtype)
     k = torch.full((2, 1, head_dim), 6.0, device="cuda", dtype=dtype)
     v = randn((2, 1, head_dim), dtype, generator)
     grad = randn((2, 77, head_dim), dtype, generator)
-    check_against_reference(q, k, v, grad, head_dim**-0.5, False, replay(seed))
+    score = 36 * head_dim**0.5
+    tolerance = max(TOLERANCE[dtype], 2 * score * torch.finfo(torch.float32).eps)
+    check_against_reference(q, k, v, grad, head_dim**-0.5, False, replay(seed), tolerance)
     kernels = main_kernels(kernels_launched(q, k, v, grad))
     assert kernels and tensor_core_kernels(dtype, head_dim)[1] in kernels[0], kernels
 

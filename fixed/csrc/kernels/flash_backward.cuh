@@ -178,8 +178,9 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
     const void* const mask_b = has_mask ? mask_slice_of(p, b) : nullptr;
     const int64_t kv_b = b * S * D;  // where dK and dV go: per batch item, also under GQA
     const int64_t kv_read = (b / p.kv_group) * S * D;  // K and V: under GQA, its group's
-    // The warp's keys before S, of its 16 (16 or more: all of them).
-    const int keys_left = static_cast<int>(min64(S - n0 - key_row0, 16));
+    // Whether this thread's keys (rows g and g + 8 of the warp's 16) lie past S (see Tails).
+    const int64_t first_key = n0 + key_row0 + g;
+    const bool past_s[2] = {first_key >= S, first_key + 8 >= S};
     // Causal: rows before n0 see none of these keys; start at the query block holding row n0.
     const int64_t m_begin = p.causal ? (n0 / BM) * BM : 0;
     // Fits an int: L rows of D 2-byte elements are in device memory.
@@ -247,6 +248,13 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
       const bool diagonal = p.causal && m0 < n0 + BN - 1;  // uniform over the CTA
       // Query - key at element (0, 0) of the block; |.| < BM + BN whenever diagonal is true.
       const int diag = diagonal ? static_cast<int>(m0 - n0) - key_row0 : 0;
+      // P = 0 below query offset zero_below[e >> 1] (8 qt + 2 t + (e & 1)): every query for a
+      // key past S, else the queries before the key on the diagonal. One compare per element.
+      int zero_below[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        zero_below[h] = past_s[h] ? (1 << 30) : diagonal ? g + 8 * h - diag : -(1 << 30);
+      }
 #pragma unroll
       for (int slice = 0; slice < F::kSlices; ++slice) {  // queries m0 + kSliceRows slice ..
         // S^T = K Q^T and dP^T = V dO^T: s[j], dp[j] are the 16x8 tiles of this warp's keys and
@@ -313,12 +321,8 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
               exponent = fmaf(mask_value<T>(p, mask_b, query, key), kLog2e, exponent);
             }
             float prob = exp2_approx(fmaf(s[j][e], scale_log2, exponent));
-            if (diagonal && diag + 8 * qt + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
-              prob = 0.f;  // query before key
-            }
-            if (keys_left < 16 && g + 8 * (e >> 1) >= keys_left) {
-              prob = 0.f;  // a key past S: from its zero row of K, P would be 2^-lse, which
-                           // can overflow the 16-bit dS^T (inf x 0 in dQ: NaN)
+            if (8 * qt + 2 * t + (e & 1) < zero_below[e >> 1]) {
+              prob = 0.f;  // query before key, or key past S
             }
             if (has_dropout) {
               const float2 z_pair = z[2 * (j & 1) + (e >> 1)];

@@ -256,8 +256,8 @@ __global__ void __launch_bounds__(F::kThreads, F::kCtasPerSm)
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * F::kBlockN;
     const int64_t kv_b = (b / p.kv_group) * S * D;
     const void* const mask_b = has_mask ? mask_slice_of<float>(p, b) : nullptr;
-    // The warp's keys before S, of its 16 (16 or more: all of them).
-    const int keys_left = static_cast<int>(min64(S - n0 - key0, 16));
+    // Whether this thread's keys (rows g and g + 8 of the warp's 16) lie past S (see Tails).
+    const bool past_s[2] = {n0 + key0 + g >= S, n0 + key0 + g + 8 >= S};
     const int64_t first_block = p.causal ? n0 / F::kBlockM : 0;
     const int64_t n_blocks = ceil_div(L, F::kBlockM) - first_block;
 
@@ -341,6 +341,16 @@ __global__ void __launch_bounds__(F::kThreads, F::kCtasPerSm)
 
       // P^T and dS^T in place: element (key key0 + g + 8 (e >> 1), query 8 j + 2 t + (e & 1)).
       const bool diagonal = p.causal && m0 < n0 + F::kBlockN - 1;
+      // P = 0 below query offset zero_below[e >> 1] (8 j + 2 t + (e & 1)): every query for a key
+      // past S, else the queries before the key (m0 + query < n0 + key) on the diagonal, where
+      // |n0 - m0| < kBlockM + kBlockN. One compare per element.
+      int zero_below[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        zero_below[h] = past_s[h]  ? (1 << 30)
+                        : diagonal ? static_cast<int>(n0 - m0) + key0 + g + 8 * h
+                                   : -(1 << 30);
+      }
       float2 z[4] = {};  // dropout's factors of two n-tiles (dropout_factors)
 #pragma unroll
       for (int j = 0; j < kQTiles; ++j) {
@@ -360,11 +370,8 @@ __global__ void __launch_bounds__(F::kThreads, F::kCtasPerSm)
             exponent = fmaf(mask_value<float>(p, mask_b, m0 + query, n0 + key), kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(st[j][e], scale_log2, exponent));
-          if (diagonal && n0 + key > m0 + query) {
-            prob = 0.f;
-          }
-          if (keys_left < 16 && g + 8 * (e >> 1) >= keys_left) {
-            prob = 0.f;  // a key past S: 2^-lse from its zero row of K, which can overflow
+          if (query < zero_below[e >> 1]) {
+            prob = 0.f;  // query before key, or key past S
           }
           if (has_dropout) {
             const float2 z_pair = z[2 * (j & 1) + (e >> 1)];

@@ -193,8 +193,12 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
     // Where dK and dV go (per batch item, also under GQA). Without kAsIs, one product for both:
     // E = Ev = D then compiles as it did before kAsIs.
     const int64_t dk_b = b * S * E, dv_b = kAsIs ? b * S * Ev : dk_b;
-    // The warp's keys before S, of its 16 (16 or more: all of them).
-    const int keys_left = static_cast<int>(min64(S - n0 - key_row0, 16));
+    // Whether this thread's keys (rows g and g + 8 of the warp's 16) lie past S: their rows of K
+    // are TMA's zeros, so S^T is 0 and P would be 2^-lse, large where a row's scores are all far
+    // below 0; dS = -P delta then overflows the 16-bit dS^T (fp16: past 65504) or float32
+    // itself, and inf x 0 in dQ = dS K is NaN. Step 3 sets their P to 0.
+    const int64_t first_key = n0 + key_row0 + g;
+    const bool past_s[2] = {first_key >= S, first_key + 8 >= S};
     int64_t m0 = first_block<F>(p, skips, b, n0);  // this iteration's query block
     // Whether block m reads mask entries: not where they are all 0 (zero_block), as P is then
     // the unmasked one; the copies of its mask tile are then skipped too.
@@ -294,6 +298,15 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       // query; diag = query - key at the warp's element (0, 0), |diag| < BM + BN there.
       const bool diagonal = p.causal && m0 < n0 + key_row0 + 15;  // uniform over the warp
       const int diag = diagonal ? static_cast<int>(m0 - n0) - key_row0 : 0;
+      // P = 0 where the element's query offset in the block, 8 j + 2 t + (e & 1), is below
+      // zero_below[e >> 1]: for every query if the key is past S, else for queries before the
+      // key (query + diag < key) on the diagonal. One compare per element, as the causal one
+      // alone had (a branch of its own for the keys past S cost more: perf/NOTES.md, v41).
+      int zero_below[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        zero_below[h] = past_s[h] ? (1 << 30) : diagonal ? g + 8 * h - diag : -(1 << 30);
+      }
 #pragma unroll
       for (int j = 0; j < kQTiles; ++j) {
         const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * j + 2 * t) * 4);
@@ -313,24 +326,10 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
             exponent = fmaf(entry, kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
-          if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
-            prob = 0.f;  // query before key
+          if (8 * j + 2 * t + (e & 1) < zero_below[e >> 1]) {
+            prob = 0.f;  // query before key, or key past S
           }
           s[4 * j + e] = prob;
-        }
-      }
-      if (keys_left < 16) {  // uniform: the warp's keys reach past S (the last key block)
-        // P = 0 for them: their rows of K are TMA's zeros, so S^T is 0 and P 2^-lse, large
-        // where a row's scores are all far below 0; dS = -P delta then overflows the 16-bit
-        // dS^T (fp16: past 65504) or float32 itself, and inf x 0 in dQ = dS K is NaN.
-#pragma unroll
-        for (int j = 0; j < kQTiles; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (g + 8 * (e >> 1) >= keys_left) {
-              s[4 * j + e] = 0.f;
-            }
-          }
         }
       }
       // The warp's part of the mask tile is free: its entries of the next block, whose copies

@@ -137,8 +137,10 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
     const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
     const void* const mask_b = has_mask ? mask_slice_of(p, b) : nullptr;
     const int64_t dk_b = b * S * E, dv_b = b * S * Ev;
-    // The warp's keys before S, of its 16 (16 or more: all of them).
-    const int keys_left = static_cast<int>(min64(S - n0 - key_row0, 16));
+    // Whether this thread's keys (rows g and g + 8 of the warp's 16) lie past S: step 3 sets
+    // their P to 0 (flash_backward_sm90_cta.cuh says why).
+    const int64_t first_key = n0 + key_row0 + g;
+    const bool past_s[2] = {first_key >= S, first_key + 8 >= S};
     const int64_t k_read = (b / p.kv_group) * S * E, v_read = (b / p.kv_group) * S * Ev;
     const int64_t m_begin = p.causal ? n0 : 0;  // BM = BN: the block holding row n0
     const auto next_visible = [&](int64_t m) {
@@ -240,6 +242,13 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
       // 4 wg + j, columns 2 t, + 1 of it.
       const bool diagonal = p.causal && m0 + query0 < n0 + key_row0 + 15;  // uniform per warp
       const int diag = diagonal ? static_cast<int>(m0 + query0 - n0) - key_row0 : 0;
+      // P = 0 below query offset zero_below[e >> 1]: every query for a key past S, else the
+      // queries before the key on the diagonal (flash_backward_sm90_cta.cuh, step 3).
+      int zero_below[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        zero_below[h] = past_s[h] ? (1 << 30) : diagonal ? g + 8 * h - diag : -(1 << 30);
+      }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float2 lse2 = ld_shared_f32x2(lse_buf + (query0 + 8 * j + 2 * t) * 4);
@@ -250,11 +259,8 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
             exponent = fmaf(bias[4 * j + e], kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
-          if (diagonal && diag + 8 * j + 2 * t + (e & 1) < g + 8 * (e >> 1)) {
-            prob = 0.f;  // query before key
-          }
-          if (keys_left < 16 && g + 8 * (e >> 1) >= keys_left) {
-            prob = 0.f;  // a key past S (flash_backward_sm90_cta.cuh, step 3)
+          if (8 * j + 2 * t + (e & 1) < zero_below[e >> 1]) {
+            prob = 0.f;  // query before key, or key past S
           }
           s[4 * j + e] = prob;
         }
