@@ -14,9 +14,12 @@
 // (200, 200) with scale 0: random Q, K, V, dO (fixed seed), the forward's O and lse in double
 // precision on the host (O rounded to the dtype, lse to float32: what the operator's forward
 // hands the backward), then both backwards through their launchers, each writing into buffers
-// filled with NaN first. dQ, dK, dV of each against the float64 reference (relative Frobenius
-// error); a case fails if any gradient of the wgmma kernel is not finite or its error exceeds
-// 2 x the mma.sync kernel's + 1e-3. Exit status 1 if any case fails.
+// filled with NaN first. Then (77, 1) and (300, 130) with every score far below 0 (Q all -6, K
+// all +6: -36 sqrt(D) after the scale), where P of the keys past S, from their zero rows of K,
+// would be 2^-lse and overflow (perf/NOTES.md, v41). dQ, dK, dV of each against the float64
+// reference (relative Frobenius error); a case fails if any gradient of either kernel is not
+// finite or the wgmma kernel's error exceeds 2 x the mma.sync kernel's + 1e-3. Exit status 1 if
+// any case fails.
 // Timing: B x H = 64, L = S = 4096 (or --seq N), bf16, head dims 64 and 128, causal and not;
 // the three launches of each backward (prologue, main kernel, dq), CUDA events, 3 warm-up calls,
 // then 20 rounds alternating the two kernels; median ms and TFLOP/s (backward FLOPs =
@@ -199,7 +202,7 @@ bool run_backward(Kernel which, Buffers<T>& d, const fk::AttentionProblem& p,
 
 // One correctness case; returns true if it passes.
 template <typename T>
-bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
+bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed, bool far_below = false) {
   const int64_t B = 3, L = c.len_q, S = c.len_kv;
   const double scale = c.scale_factor / std::sqrt(static_cast<double>(D));
   std::mt19937_64 rng(seed);
@@ -218,6 +221,12 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
   make(B * S * D, hk, k);
   make(B * S * D, hv, v);
   make(B * L * D, hdo, dout);
+  if (far_below) {  // every score -36 D x scale
+    std::fill(hq.begin(), hq.end(), from_f<T>(-6.f));
+    std::fill(q.begin(), q.end(), -6.0);
+    std::fill(hk.begin(), hk.end(), from_f<T>(6.f));
+    std::fill(k.begin(), k.end(), 6.0);
+  }
   const Reference ref = reference(q, k, v, dout, B, L, S, D, scale, causal);
   std::vector<T> hout(B * L * D);
   std::vector<float> hlse(B * L);
@@ -262,15 +271,16 @@ bool check_case(int64_t D, bool causal, const Case& c, uint64_t seed) {
   }
   d.free_all();
   const char* names[3] = {"dq", "dk", "dv"};
-  std::printf("%s D=%3lld causal=%d L=%4lld S=%4lld scale=%+.4f |", type_name<T>(),
+  std::printf("%s D=%3lld causal=%d L=%4lld S=%4lld scale=%+.4f%s |", type_name<T>(),
               static_cast<long long>(D), causal ? 1 : 0, static_cast<long long>(L),
-              static_cast<long long>(S), scale);
+              static_cast<long long>(S), scale, far_below ? " far below 0" : "");
   if (!ok) {
     std::printf(" FAIL (declined)\n");
     return false;
   }
   for (int g = 0; g < 3; ++g) {
-    const bool pass = std::isfinite(errors[1][g]) && errors[1][g] <= 2.0 * errors[0][g] + 1e-3;
+    const bool pass = std::isfinite(errors[0][g]) && std::isfinite(errors[1][g]) &&
+                      errors[1][g] <= 2.0 * errors[0][g] + 1e-3;
     ok = ok && pass;
     std::printf(" %s mma %.2e wgmma %.2e%s |", names[g], errors[0][g], errors[1][g],
                 pass ? "" : " FAIL");
@@ -380,6 +390,11 @@ int main(int argc, char** argv) {
         for (const Case& c : kCheckShapes) {
           failures += check_case<__nv_bfloat16>(D, causal, c, seed++) ? 0 : 1;
           failures += check_case<__half>(D, causal, c, seed++) ? 0 : 1;
+          cases += 2;
+        }
+        for (const Case& c : {Case{77, 1, 1.0}, Case{300, 130, 1.0}}) {
+          failures += check_case<__nv_bfloat16>(D, causal, c, seed++, true) ? 0 : 1;
+          failures += check_case<__half>(D, causal, c, seed++, true) ? 0 : 1;
           cases += 2;
         }
       }
