@@ -1,17 +1,19 @@
-"""A/B of two checkouts on one GPU: perf/args_times.py run in each in turn, several rounds, and
-per case the medians and B's speed over A's (perf/NOTES.md's A/B runs, v27 on). From the
-repository root of either checkout:
+"""A/B of two checkouts (or more) on one GPU: perf/args_times.py run in each in turn, several
+rounds, and per case the medians and each checkout's speed over A's (perf/NOTES.md's A/B runs,
+v27 on). From the repository root of any checkout:
 
-    python perf/ab.py A_DIR B_DIR [--cases plain,causal] [--rounds 3]
+    python perf/ab.py A_DIR B_DIR [C_DIR ...] [--cases plain,causal] [--rounds 3]
 
-Each checkout needs fixed/ built for this GPU (`python -m kata build --impl fixed`, or
-`python perf/device_build.py place` first). Rounds alternate which checkout runs first (A B,
-B A, A B, ...): a machine that drifts (clocks, heat) then favours neither, as it favoured A in
-v34's first A/B of the split tail, where B always ran second. Prints, per case, fixed's forward
-and forward+backward medians over the rounds in each checkout and B's speed over A's (above 1:
-B is faster). Bad input or a failed run: one line, exit status 2. Stopped mid-run (SIGTERM, as
-`timeout` sends, or Ctrl-C): the table of the rounds both checkouts finished, if any, then one
-line, exit status 2."""
+A is the baseline; up to six checkouts (A to F), each timed in every round, so that several
+variants share one machine, its warm-up and its drift. Each checkout needs fixed/ built for this
+GPU (`python -m kata build --impl fixed`, or `python perf/device_build.py place` first). Rounds
+rotate which checkout runs first (A B, B A, A B, ...; with three A B C, B C A, C A B, ...): a
+machine that drifts (clocks, heat) then favours none, as it favoured A in v34's first A/B of
+the split tail, where B always ran second. Prints, per case, fixed's forward and
+forward+backward medians over the rounds in each checkout and each one's speed over A's (above
+1: faster than A). Bad input or a failed run: one line, exit status 2. Stopped mid-run
+(SIGTERM, as `timeout` sends, or Ctrl-C): the table of the rounds every checkout finished, if
+any, then one line, exit status 2."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path("perf") / "args_times.py"
+LABELS = "ABCDEF"  # the checkouts, in the order given; A is the baseline
 # One args_times.py row: name, (shape): fwd <ms> ms vs SDPA ... fwd+bwd <ms> vs ...
 ROW = re.compile(r"^(\S+)\s+\(.*?\): fwd ([\d.]+) ms vs SDPA .*?fwd\+bwd ([\d.]+) vs ")
 
@@ -40,9 +43,14 @@ def _stop(signum, frame):
     raise Stopped(signal.Signals(signum).name)
 
 
-def round_order(rounds: int) -> list[tuple[str, str]]:
-    """Which checkout runs first in each round: A in even rounds (0, 2, ...), B in odd ones."""
-    return [("A", "B") if number % 2 == 0 else ("B", "A") for number in range(rounds)]
+def round_order(rounds: int, checkouts: int = 2) -> list[tuple[str, ...]]:
+    """Each round's order: the checkouts rotated by the round's number (with two, A first in
+    even rounds, B in odd ones), so that each runs first, second, ... equally often."""
+    labels = LABELS[:checkouts]
+    return [
+        tuple(labels[(index + number) % checkouts] for index in range(checkouts))
+        for number in range(rounds)
+    ]
 
 
 def parse(text: str) -> dict[str, tuple[float, float]]:
@@ -78,70 +86,89 @@ def run_checkout(directory: Path, cases: str, timeout: float) -> dict[str, tuple
 
 
 def table(runs: dict[str, list[dict[str, tuple[float, float]]]]) -> list[str]:
-    """Per case in A's order, the medians over the rounds and B's speed over A's."""
-    lines = [
-        f"{'case':18s} {'fwd A':>9s} {'fwd B':>9s} {'B/A':>5s}   {'f+b A':>9s} {'f+b B':>9s} "
-        f"{'B/A':>5s}"
+    """Per case in A's order, the medians over the rounds and each other checkout's speed over
+    A's: fwd A, fwd B, B/A, fwd C, C/A, ..., then the same for forward+backward."""
+    others = [side for side in runs if side != "A"]
+
+    def group(cells: dict[str, str], ratios: dict[str, str]) -> str:
+        parts = [f"{cells['A']:>9s}"]
+        for side in others:
+            parts += [f"{cells[side]:>9s}", f"{ratios[side]:>5s}"]
+        return " ".join(parts)
+
+    heads = [
+        group({side: f"{column} {side}" for side in runs}, {s: f"{s}/A" for s in others})
+        for column in ("fwd", "f+b")
     ]
+    lines = [f"{'case':18s} {heads[0]}   {heads[1]}"]
     for name in runs["A"][0]:
-        if not all(name in rows for side in "AB" for rows in runs[side]):
+        if not all(name in rows for side in runs for rows in runs[side]):
             lines.append(f"{name:18s} (not in every run)")
             continue
-        medians = {
-            side: [
-                statistics.median(rows[name][column] for rows in runs[side]) for column in (0, 1)
-            ]
-            for side in "AB"
-        }
-        (fwd_a, both_a), (fwd_b, both_b) = medians["A"], medians["B"]
-        lines.append(
-            f"{name:18s} {fwd_a:9.4f} {fwd_b:9.4f} {fwd_a / fwd_b:5.2f}   "
-            f"{both_a:9.4f} {both_b:9.4f} {both_a / both_b:5.2f}"
-        )
+        groups = []
+        for column in (0, 1):
+            medians = {
+                side: statistics.median(rows[name][column] for rows in runs[side]) for side in runs
+            }
+            cells = {side: f"{ms:.4f}" for side, ms in medians.items()}
+            ratios = {side: f"{medians['A'] / medians[side]:.2f}" for side in others}
+            groups.append(group(cells, ratios))
+        lines.append(f"{name:18s} {groups[0]}   {groups[1]}")
     return lines
 
 
 def report(
-    runs: dict[str, list[dict[str, tuple[float, float]]]], rounds: int, done: int, a: Path, b: Path
+    runs: dict[str, list[dict[str, tuple[float, float]]]],
+    rounds: int,
+    done: int,
+    directories: dict[str, Path],
 ) -> None:
     """The table of the first `done` rounds of each checkout."""
     count = f"{done}" if done == rounds else f"{done} of {rounds}"
-    print(f"A = {a}, B = {b}; medians of {count} rounds, ms (fixed's)")
-    print("\n".join(table({side: runs[side][:done] for side in "AB"})))
+    named = ", ".join(f"{side} = {directory}" for side, directory in directories.items())
+    print(f"{named}; medians of {count} rounds, ms (fixed's)")
+    print("\n".join(table({side: runs[side][:done] for side in runs})))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("a", type=Path, help="checkout A (the baseline)")
-    parser.add_argument("b", type=Path, help="checkout B (the change)")
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument(
+        "checkouts",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="checkout A (the baseline), then B (the change), and up to four more",
+    )
     parser.add_argument("--cases", default="plain", help="args_times.py's case groups")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of A and B (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every checkout (3)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
-    runs: dict[str, list[dict[str, tuple[float, float]]]] = {"A": [], "B": []}
+    directories = {LABELS[i]: path for i, path in enumerate(args.checkouts[: len(LABELS)])}
+    runs: dict[str, list[dict[str, tuple[float, float]]]] = {side: [] for side in directories}
     try:
+        if not 2 <= len(args.checkouts) <= len(LABELS):
+            raise Failure(f"{len(args.checkouts)} checkouts: 2 to {len(LABELS)}")
         if args.rounds < 1:
             raise Failure(f"--rounds {args.rounds}: at least 1")
-        for directory in (args.a, args.b):
+        for directory in args.checkouts:
             if not (directory / SCRIPT).is_file():
                 raise Failure(f"{directory}: no {SCRIPT} (a checkout's root?)")
-        for number, order in enumerate(round_order(args.rounds), start=1):
+        for number, order in enumerate(round_order(args.rounds, len(runs)), start=1):
             for side in order:
-                directory = args.a if side == "A" else args.b
-                runs[side].append(run_checkout(directory, args.cases, args.timeout))
+                runs[side].append(run_checkout(directories[side], args.cases, args.timeout))
             print(f"round {number} of {args.rounds} done ({' '.join(order)})", flush=True)
     except Failure as failure:
         print(f"ab: {failure}", file=sys.stderr)
         return 2
     except (Stopped, KeyboardInterrupt) as stop:
-        done = min(len(runs["A"]), len(runs["B"]))
+        done = min(len(rows) for rows in runs.values())
         if done:
-            report(runs, args.rounds, done, args.a, args.b)
+            report(runs, args.rounds, done, directories)
         why = stop.args[0] if isinstance(stop, Stopped) else "interrupted"
         print(f"ab: stopped ({why}) after {done} of {args.rounds} rounds", file=sys.stderr)
         return 2
-    report(runs, args.rounds, args.rounds, args.a, args.b)
+    report(runs, args.rounds, args.rounds, directories)
     return 0
 
 

@@ -1,6 +1,6 @@
-"""perf/ab.py, the A/B of two checkouts: rounds alternate which runs first, args_times.py's rows
-are read and their medians compared, and bad input or a failed run gets one line. On the CPU,
-with stand-ins for args_times.py that print fixed times."""
+"""perf/ab.py, the A/B of two checkouts (or more): rounds rotate which runs first,
+args_times.py's rows are read and their medians compared with A's, and bad input or a failed run
+gets one line. On the CPU, with stand-ins for args_times.py that print fixed times."""
 
 from __future__ import annotations
 
@@ -66,6 +66,12 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 def test_rounds_alternate_which_checkout_runs_first():
     assert ab.round_order(3) == [("A", "B"), ("B", "A"), ("A", "B")]
+    assert ab.round_order(4, 3) == [
+        ("A", "B", "C"),
+        ("B", "C", "A"),
+        ("C", "A", "B"),
+        ("A", "B", "C"),
+    ]
 
 
 def test_rows_are_read_and_other_lines_ignored():
@@ -84,11 +90,36 @@ def test_medians_and_b_over_a(tmp_path):
     assert (a / "calls.txt").read_text() == "plain,causal\nplain,causal\n"
 
 
+def test_three_checkouts_each_against_a(tmp_path):
+    """B and C in one run: each timed in every round, each one's speed over A's."""
+    a = stand_in(tmp_path / "a", 1.0)
+    b = stand_in(tmp_path / "b", 0.5)
+    c = stand_in(tmp_path / "c", 2.0)  # C takes twice A's time
+    result = run(str(a), str(b), str(c), "--rounds", "3")
+    assert result.returncode == 0, result.stderr
+    for line in ("round 2 of 3 done (B C A)", "round 3 of 3 done (C A B)"):
+        assert line in result.stdout, result.stdout
+    assert f"A = {a}, B = {b}, C = {c}; medians of 3 rounds" in result.stdout
+    head = next(line for line in result.stdout.splitlines() if line.startswith("case"))
+    assert head.split() == [
+        "case", "fwd", "A", "fwd", "B", "B/A", "fwd", "C", "C/A",
+        "f+b", "A", "f+b", "B", "B/A", "f+b", "C", "C/A",
+    ]  # fmt: skip
+    row = next(line for line in result.stdout.splitlines() if line.startswith("plain-128"))
+    assert row.split() == [
+        "plain-128", "0.3000", "0.1500", "2.00", "0.6000", "0.50",
+        "1.2000", "0.6000", "2.00", "2.4000", "0.50",
+    ]  # fmt: skip
+    assert all((d / "calls.txt").read_text() == "plain\n" * 3 for d in (a, b, c))
+
+
 def test_bad_input_and_a_failed_run_get_one_line(tmp_path):
     a = stand_in(tmp_path / "a", 1.0)
     failing = stand_in(tmp_path / "b", 1.0, fail=True)
     for args, expected in (
         ((str(a), str(tmp_path / "missing")), "no perf/args_times.py"),
+        ((str(a),), "1 checkouts: 2 to 6"),
+        ((str(a),) * 7, "7 checkouts: 2 to 6"),
         ((str(a), str(a), "--rounds", "0"), "--rounds 0: at least 1"),
         ((str(a), str(failing)), "args_times: needs a CUDA GPU"),
     ):
