@@ -248,12 +248,12 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
       const bool diagonal = p.causal && m0 < n0 + BN - 1;  // uniform over the CTA
       // Query - key at element (0, 0) of the block; |.| < BM + BN whenever diagonal is true.
       const int diag = diagonal ? static_cast<int>(m0 - n0) - key_row0 : 0;
-      // P = 0 below query offset zero_below[e >> 1] (8 qt + 2 t + (e & 1)): every query for a
-      // key past S, else the queries before the key on the diagonal. One compare per element.
+      // P = 0 where query 8 qt + 2 t + (e & 1) < zero_below[e >> 1] + 2 t: all for a key past S,
+      // else those before the key on the diagonal. Each element: one compare with a constant.
       int zero_below[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        zero_below[h] = past_s[h] ? (1 << 30) : diagonal ? g + 8 * h - diag : -(1 << 30);
+        zero_below[h] = past_s[h] ? (1 << 30) : diagonal ? g + 8 * h - diag - 2 * t : -(1 << 30);
       }
 #pragma unroll
       for (int slice = 0; slice < F::kSlices; ++slice) {  // queries m0 + kSliceRows slice ..
@@ -321,7 +321,7 @@ __device__ __forceinline__ void flash_backward_cta(const T* __restrict__ q,     
               exponent = fmaf(mask_value<T>(p, mask_b, query, key), kLog2e, exponent);
             }
             float prob = exp2_approx(fmaf(s[j][e], scale_log2, exponent));
-            if (8 * qt + 2 * t + (e & 1) < zero_below[e >> 1]) {
+            if (8 * qt + (e & 1) < zero_below[e >> 1]) {
               prob = 0.f;  // query before key, or key past S
             }
             if (has_dropout) {

@@ -341,14 +341,14 @@ __global__ void __launch_bounds__(F::kThreads, F::kCtasPerSm)
 
       // P^T and dS^T in place: element (key key0 + g + 8 (e >> 1), query 8 j + 2 t + (e & 1)).
       const bool diagonal = p.causal && m0 < n0 + F::kBlockN - 1;
-      // P = 0 below query offset zero_below[e >> 1] (8 j + 2 t + (e & 1)): every query for a key
-      // past S, else the queries before the key (m0 + query < n0 + key) on the diagonal, where
-      // |n0 - m0| < kBlockM + kBlockN. One compare per element.
+      // P = 0 where query offset 8 j + 2 t + (e & 1) is below zero_below[e >> 1] + 2 t: every
+      // query for a key past S, else the queries before the key (m0 + query < n0 + key) on the
+      // diagonal, where |n0 - m0| < kBlockM + kBlockN. One compare with a constant per element.
       int zero_below[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         zero_below[h] = past_s[h]  ? (1 << 30)
-                        : diagonal ? static_cast<int>(n0 - m0) + key0 + g + 8 * h
+                        : diagonal ? static_cast<int>(n0 - m0) + key0 + g + 8 * h - 2 * t
                                    : -(1 << 30);
       }
       float2 z[4] = {};  // dropout's factors of two n-tiles (dropout_factors)
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(F::kThreads, F::kCtasPerSm)
             exponent = fmaf(mask_value<float>(p, mask_b, m0 + query, n0 + key), kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(st[j][e], scale_log2, exponent));
-          if (query < zero_below[e >> 1]) {
+          if (8 * j + (e & 1) < zero_below[e >> 1]) {
             prob = 0.f;  // query before key, or key past S
           }
           if (has_dropout) {

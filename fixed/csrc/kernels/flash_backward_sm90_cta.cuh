@@ -299,13 +299,13 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       const bool diagonal = p.causal && m0 < n0 + key_row0 + 15;  // uniform over the warp
       const int diag = diagonal ? static_cast<int>(m0 - n0) - key_row0 : 0;
       // P = 0 where the element's query offset in the block, 8 j + 2 t + (e & 1), is below
-      // zero_below[e >> 1]: for every query if the key is past S, else for queries before the
-      // key (query + diag < key) on the diagonal. One compare per element, as the causal one
-      // alone had (a branch of its own for the keys past S cost more: perf/NOTES.md, v41).
+      // zero_below[e >> 1] + 2 t: for every query if the key is past S, else for queries before
+      // the key (query + diag < key) on the diagonal. 2 t taken out here leaves each element
+      // one compare with a constant (perf/NOTES.md, v41).
       int zero_below[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        zero_below[h] = past_s[h] ? (1 << 30) : diagonal ? g + 8 * h - diag : -(1 << 30);
+        zero_below[h] = past_s[h] ? (1 << 30) : diagonal ? g + 8 * h - diag - 2 * t : -(1 << 30);
       }
 #pragma unroll
       for (int j = 0; j < kQTiles; ++j) {
@@ -326,7 +326,7 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
             exponent = fmaf(entry, kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
-          if (8 * j + 2 * t + (e & 1) < zero_below[e >> 1]) {
+          if (8 * j + (e & 1) < zero_below[e >> 1]) {
             prob = 0.f;  // query before key, or key past S
           }
           s[4 * j + e] = prob;

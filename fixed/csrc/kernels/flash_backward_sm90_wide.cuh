@@ -242,12 +242,12 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
       // 4 wg + j, columns 2 t, + 1 of it.
       const bool diagonal = p.causal && m0 + query0 < n0 + key_row0 + 15;  // uniform per warp
       const int diag = diagonal ? static_cast<int>(m0 + query0 - n0) - key_row0 : 0;
-      // P = 0 below query offset zero_below[e >> 1]: every query for a key past S, else the
-      // queries before the key on the diagonal (flash_backward_sm90_cta.cuh, step 3).
+      // P = 0 below query offset zero_below[e >> 1] + 2 t: every query for a key past S, else
+      // the queries before the key on the diagonal (flash_backward_sm90_cta.cuh, step 3).
       int zero_below[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        zero_below[h] = past_s[h] ? (1 << 30) : diagonal ? g + 8 * h - diag : -(1 << 30);
+        zero_below[h] = past_s[h] ? (1 << 30) : diagonal ? g + 8 * h - diag - 2 * t : -(1 << 30);
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -259,7 +259,7 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
             exponent = fmaf(bias[4 * j + e], kLog2e, exponent);
           }
           float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
-          if (8 * j + 2 * t + (e & 1) < zero_below[e >> 1]) {
+          if (8 * j + (e & 1) < zero_below[e >> 1]) {
             prob = 0.f;  // query before key, or key past S
           }
           s[4 * j + e] = prob;
