@@ -67,6 +67,8 @@ CASES = {
     },
     "causal": {
         "causal-64": (4, 2048, 64, "causal", 0.0),
+        "causal-64-4096": (4, 4096, 64, "causal", 0.0),  # the bench's LLM shapes
+        "causal-64-8192": (4, 8192, 64, "causal", 0.0),
         "causal-128": (4, 2048, 128, "causal", 0.0),
         "causal-128-8192": (1, 8192, 128, "causal", 0.0),
     },
