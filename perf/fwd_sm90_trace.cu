@@ -85,6 +85,10 @@ void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float
       (entry[r].part == -1 ? items : parts).push_back(us);
     }
   }
+  if (ends.empty()) {
+    std::printf("launch %d: %.1f us; no CTA's end recorded\n", launch, ms * 1e3);
+    return;
+  }
   double mean_end = 0.0;
   for (double end : ends) {
     mean_end += end / ends.size();
@@ -160,8 +164,11 @@ int main(int argc, char** argv) {
   }
   const int64_t items = batch * ((seq + ws::Tile64::kBlockM - 1) / ws::Tile64::kBlockM);
   const int ctas = static_cast<int>(std::min<int64_t>(sms, items));
-  if (ctas > FWD_TRACE_CTAS) {
-    std::fprintf(stderr, "fwd_sm90_trace: %d CTAs, the trace holds %d\n", ctas, FWD_TRACE_CTAS);
+  // Rounds per CTA: whole items, one split round and the one that finds no work left.
+  const int64_t rounds = (items + ctas - 1) / ctas + 2;
+  if (ctas > FWD_TRACE_CTAS || rounds > FWD_TRACE_ROUNDS) {
+    std::fprintf(stderr, "fwd_sm90_trace: %d CTAs of %lld rounds, the trace holds %d of %d\n",
+                 ctas, static_cast<long long>(rounds), FWD_TRACE_CTAS, FWD_TRACE_ROUNDS);
     return 2;
   }
   std::printf("B x H %lld, S %lld, D 64, %d SMs; split workspace: %s\n",
