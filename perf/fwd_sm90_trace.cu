@@ -7,10 +7,11 @@
 //   git apply perf/fwd_sm90_trace.patch && nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/fwd_sm90_trace perf/fwd_sm90_trace.cu; git apply -R perf/fwd_sm90_trace.patch
 //   /tmp/fwd_sm90_trace [B x H] [S] [split: 1 or 0]     (default 64 2048 1)
 //
-// Random bf16 Q, K, V of (B x H, S, 64), L = S, not causal. `split` 1 hands the launcher the
-// workspace of the last round's split (flash_forward_sm90_ws_schedule.cuh), as the operator does;
-// 0 withholds it. Eight launches; per launch: its time (CUDA events), the CTAs' end times after
-// the first CTA's start (globaltimer, about 1 us steps), and the durations of whole items and of
+// Q, K, V of (B x H, S, 64) from sm90_check_common.cuh's fill_kernel, L = S, not causal.
+// `split` 1 hands the launcher the workspace of the last round's split
+// (flash_forward_sm90_ws_schedule.cuh), as the operator does; 0 withholds it. Eight launches;
+// per launch: its time (CUDA events), the CTAs' end times after the first CTA's start
+// (globaltimer, read by consumer 0 of each CTA), and the durations of whole items and of
 // split parts (a round's duration: from taking its work to taking the next). Then, for the last
 // launch, each CTA's rounds: start time (us) and f(ull item) or p(art), with its key blocks.
 #include <cuda_bf16.h>
@@ -20,7 +21,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <vector>
 
 struct FwdTraceEntry {
@@ -33,19 +33,11 @@ struct FwdTraceEntry {
 #define FWD_TRACE_ROUNDS 64
 __device__ FwdTraceEntry fwd_trace[FWD_TRACE_CTAS * FWD_TRACE_ROUNDS];
 
+#include "sm90_check_common.cuh"  // CHECK_CUDA, fill_kernel, device_ready
 #include "../fixed/csrc/kernels/flash_forward_sm90_ws.cuh"
 
 namespace fk = fixed_attention::kernels;
 namespace ws = fixed_attention::kernels::flash::sm90_ws;
-
-#define CHECK_CUDA(call)                                                                    \
-  do {                                                                                      \
-    const cudaError_t status_ = (call);                                                     \
-    if (status_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "fwd_sm90_trace: %s: %s\n", #call, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 namespace {
 
@@ -129,30 +121,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: fwd_sm90_trace [B x H, 1-4096] [S, 1-131072] [split, 0 or 1]\n");
     return 2;
   }
-  int device = 0, major = 0, minor = 0, sms = 0;
-  CHECK_CUDA(cudaGetDevice(&device));
-  CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  if (major != 9 || minor != 0) {
-    std::fprintf(stderr, "fwd_sm90_trace: needs compute capability 9.0, this GPU has %d.%d\n",
-                 major, minor);
+  if (!device_ready(false)) {
     return 2;
   }
+  int device = 0, sms = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t D = 64, elements = batch * seq * D;
   fk::AttentionProblem p{batch, seq, seq, D, 0.125f, false};
-  std::vector<__nv_bfloat16> host(elements);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
   __nv_bfloat16* qkvo[4];
-  for (__nv_bfloat16*& buffer : qkvo) {
-    for (__nv_bfloat16& x : host) {
-      x = __float2bfloat16(normal(rng));
-    }
-    CHECK_CUDA(cudaMalloc(&buffer, elements * sizeof(__nv_bfloat16)));
-    CHECK_CUDA(cudaMemcpy(buffer, host.data(), elements * sizeof(__nv_bfloat16),
-                          cudaMemcpyHostToDevice));
+  for (int i = 0; i < 4; ++i) {
+    CHECK_CUDA(cudaMalloc(&qkvo[i], elements * sizeof(__nv_bfloat16)));
+    fill_kernel<<<264, 256>>>(qkvo[i], elements, 0x9e3779b9u * (i + 1));
   }
+  CHECK_CUDA(cudaGetLastError());
   float* lse = nullptr;
   CHECK_CUDA(cudaMalloc(&lse, batch * seq * sizeof(float)));
   fk::SplitWorkspace workspace = ws::split_workspace<ws::Tile64>(p);
