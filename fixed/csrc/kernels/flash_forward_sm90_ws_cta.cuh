@@ -376,6 +376,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   constexpr float kLn2 = 0.6931471805599453f;
   constexpr unsigned kFullMask = 0xffffffffu;
   constexpr uint32_t kTurnThreads = 256;  // both consumer warpgroups
+  constexpr bool kSkipsPastDiagonal = kArgs == kNoArgs && !F::kPingPong;  // own_key_blocks
   const uint32_t my_turn = 1 + consumer, other_turn = 2 - consumer;
   const uint32_t q_rows = q_tile + static_cast<uint32_t>(consumer * 64) * F::kRowBytes;
   const int64_t L = p.len_q;
@@ -417,6 +418,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
     }
     Rows r{w.m0, consumer * 64 + warp_in_group * 16, lane >> 2, lane & 3,
            {-INFINITY, -INFINITY}, {0.f, 0.f}};
+    const int own_blocks = kSkipsPastDiagonal ? own_key_blocks<F>(p, w, consumer) : w.n_blocks;
     float o[kDTiles * 4];
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) {
@@ -459,11 +461,12 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
     };
     mbarrier_wait(bar.q_full(), round & 1);
     int block = next_visible<F>(p, w, w.first - 1, skips);
-    if (block >= w.n_blocks) {
+    int following = block;  // at the end: the first block left to the other warpgroups
+    if (block >= own_blocks) {
       release(bar.q_empty(), lane);  // every key hidden: zeros and lse -inf, as the wgmma kernel
     } else {
       // The first block: S alone.
-      int following = next_visible<F>(p, w, block, skips);
+      following = next_visible<F>(p, w, block, skips);
       uint32_t stage = pipe % kStages;
       mbarrier_wait(bar.k_full(stage), (pipe / kStages) & 1);
       take_turn();
@@ -475,7 +478,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       wgmma_wait_group<0>();
       wgmma_fence_operands(s);
       release(bar.k_empty(stage), lane);
-      if (following >= w.n_blocks) {
+      if (following >= own_blocks) {
         release(bar.q_empty(), lane);  // the item's last read of Q
       }
       take_scores(block);
@@ -485,7 +488,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       ++pipe;
 
       // Then S_j and P_(j-1) V_(j-1) in flight together, softmax of S_j under the latter.
-      for (; following < w.n_blocks; ++pipe) {
+      for (; following < own_blocks; ++pipe) {
         block = following;
         following = next_visible<F>(p, w, block, skips);
         stage = pipe % kStages;
@@ -505,7 +508,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
         wgmma_wait_group<1>();  // S_j done; P V may still run
         wgmma_fence_operands(s);
         release(bar.k_empty(stage), lane);
-        if (following >= w.n_blocks) {
+        if (following >= own_blocks) {
           release(bar.q_empty(), lane);
         }
         take_scores(block);
@@ -539,6 +542,18 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       wgmma_fence_operands(o);
       wgmma_fence_fragments(p_frag);
       release(bar.v_empty(last), lane);
+    }
+    // Blocks left to the others: each stage released once full (a release counts to its phase).
+    if constexpr (kSkipsPastDiagonal) {
+      for (; following < w.n_blocks; ++pipe) {
+        const uint32_t stage = pipe % kStages, parity = (pipe / kStages) & 1;
+        mbarrier_wait(bar.k_full(stage), parity);
+        release(bar.k_empty(stage), lane);
+        mbarrier_wait(bar.v_full(stage), parity);
+        release(bar.v_empty(stage), lane);
+        following = next_visible<F>(p, w, following, skips);
+      }
+      pipe = __shfl_sync(kFullMask, pipe, 0);  // uniform again: the loop's uniform registers
     }
 
     if (part >= 0) {  // a part of a split item (flash_forward_sm90_ws_schedule.cuh)
