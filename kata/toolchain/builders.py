@@ -259,6 +259,7 @@ CUDA_HEADERS = tuple(
         "flash_backward.cuh",
         "wgmma.cuh",
         "sm90_pipeline.cuh",
+        "flash_forward_sm90_ws_tile.cuh",
         "flash_forward_sm90_ws_schedule.cuh",
         "flash_forward_sm90_ws_args.cuh",
         "flash_forward_sm90_ws_cta.cuh",
