@@ -236,13 +236,18 @@ __device__ __forceinline__ void issue_s(float (&s)[F::kNTiles * 4], uint32_t q_r
 }
 
 // O += P V for one key block: P's A fragment per 16 keys, V MN-major (flash_forward_sm90.cuh).
+// live_steps: the 16-key steps where P may be nonzero, from the first (the caller's bound: the
+// end of the keys, or a causal diagonal); past them P is 0, and their products add nothing to O.
 template <typename T, class F>
 __device__ __forceinline__ void issue_pv(float (&o)[F::kDTiles * 4],
                                          const uint32_t (&p_frag)[F::kBlockN / 16][4],
-                                         uint32_t v_tile) {
+                                         uint32_t v_tile, int live_steps = F::kBlockN / 16) {
   const TileDescriptor v_desc(v_tile, F::kBlockN * F::kRowBytes, 1024);
 #pragma unroll
   for (int kk = 0; kk < F::kBlockN / 16; ++kk) {
+    if (kk >= live_steps) {
+      break;
+    }
     const uint64_t desc_v = v_desc.at(kk * 16 * F::kRowBytes);
     if constexpr (F::kValueDim == 256) {  // two products of 128 columns: V's parts 0-1, 2-3
       const uint64_t desc_v_upper =
@@ -451,13 +456,20 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
         pack_p<T, F>(p_frag, s);
       }
 
-      // The last block's P V.
+      // The last block's P V, without the steps whose keys are past the end or (causal) past
+      // this warpgroup's last row: P is 0 there for all its rows. Not with a mask or dropout
+      // (their tilings spill a few bytes more with it).
       const uint32_t last = (pipe - 1) % kStages;
+      const int64_t key_end = p.causal ? min64(p.len_kv, w.m0 + 64 * consumer + 64) : p.len_kv;
+      const int64_t keys_left = key_end - static_cast<int64_t>(block) * kBlockN;
+      const int live_steps = kArgs == kNoArgs && keys_left < kBlockN
+                                 ? static_cast<int>(ceil_div(keys_left, 16))
+                                 : kBlockN / 16;
       mbarrier_wait(bar.v_full(last), ((pipe - 1) / kStages) & 1);
       take_turn();
       wgmma_fence_operands(o);
       wgmma_fence();
-      issue_pv<T, F>(o, p_frag, v_tiles + last * kVBytes);
+      issue_pv<T, F>(o, p_frag, v_tiles + last * kVBytes, live_steps);
       pass_turn();
       wgmma_wait_group<0>();
       wgmma_fence_operands(o);
