@@ -2,7 +2,7 @@
 rounds, and per case the medians and each checkout's speed over A's (perf/NOTES.md's A/B runs,
 v27 on). From the repository root of any checkout:
 
-    python perf/ab.py A_DIR B_DIR [C_DIR ...] [--cases plain,causal] [--rounds 3]
+    python perf/ab.py A_DIR B_DIR [C_DIR ...] [--cases plain,causal] [--rounds 3] [--cold]
 
 A is the baseline; up to six checkouts (A to F), each timed in every round, so that several
 variants share one machine, its warm-up and its drift. Each checkout needs fixed/ built for this
@@ -11,7 +11,9 @@ rotate which checkout runs first (A B, B A, A B, ...; with three A B C, B C A, C
 machine that drifts (clocks, heat) then favours none, as it favoured A in v34's first A/B of
 the split tail, where B always ran second. Prints, per case, fixed's forward and
 forward+backward medians over the rounds in each checkout and each one's speed over A's (above
-1: faster than A). Bad input or a failed run: one line, exit status 2. Stopped mid-run
+1: faster than A). `--cold` passes args_times.py --cold: each call reads a fresh input set, as in
+`make bench`, so that a change to what a kernel reads is timed with K and V from DRAM (one
+reused set keeps them in L2). Bad input or a failed run: one line, exit status 2. Stopped mid-run
 (SIGTERM, as `timeout` sends, or Ctrl-C): the table of the rounds every checkout finished, if
 any, then one line, exit status 2."""
 
@@ -63,11 +65,13 @@ def parse(text: str) -> dict[str, tuple[float, float]]:
     return rows
 
 
-def run_checkout(directory: Path, cases: str, timeout: float) -> dict[str, tuple[float, float]]:
-    """One args_times.py run in `directory`, its rows."""
+def run_checkout(
+    directory: Path, cases: str, timeout: float, cold: bool = False
+) -> dict[str, tuple[float, float]]:
+    """One args_times.py run in `directory` (with --cold: a fresh input set per call), its rows."""
     try:
         result = subprocess.run(
-            [sys.executable, str(SCRIPT), "--cases", cases],
+            [sys.executable, str(SCRIPT), "--cases", cases, *(["--cold"] if cold else [])],
             cwd=directory,
             capture_output=True,
             text=True,
@@ -122,11 +126,13 @@ def report(
     rounds: int,
     done: int,
     directories: dict[str, Path],
+    cold: bool = False,
 ) -> None:
     """The table of the first `done` rounds of each checkout."""
     count = f"{done}" if done == rounds else f"{done} of {rounds}"
     named = ", ".join(f"{side} = {directory}" for side, directory in directories.items())
-    print(f"{named}; medians of {count} rounds, ms (fixed's)")
+    inputs = "a fresh input set per call (--cold)" if cold else "one input set per case"
+    print(f"{named}; medians of {count} rounds, ms (fixed's); {inputs}")
     print("\n".join(table({side: runs[side][:done] for side in runs})))
 
 
@@ -142,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="plain", help="args_times.py's case groups")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every checkout (3)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="args_times.py --cold: inputs streamed from DRAM, as make bench rotates them",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     directories = {LABELS[i]: path for i, path in enumerate(args.checkouts[: len(LABELS)])}
@@ -156,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise Failure(f"{directory}: no {SCRIPT} (a checkout's root?)")
         for number, order in enumerate(round_order(args.rounds, len(runs)), start=1):
             for side in order:
-                runs[side].append(run_checkout(directories[side], args.cases, args.timeout))
+                runs[side].append(
+                    run_checkout(directories[side], args.cases, args.timeout, args.cold)
+                )
             print(f"round {number} of {args.rounds} done ({' '.join(order)})", flush=True)
     except Failure as failure:
         print(f"ab: {failure}", file=sys.stderr)
@@ -164,11 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     except (Stopped, KeyboardInterrupt) as stop:
         done = min(len(rows) for rows in runs.values())
         if done:
-            report(runs, args.rounds, done, directories)
+            report(runs, args.rounds, done, directories, args.cold)
         why = stop.args[0] if isinstance(stop, Stopped) else "interrupted"
         print(f"ab: stopped ({why}) after {done} of {args.rounds} rounds", file=sys.stderr)
         return 2
-    report(runs, args.rounds, args.rounds, directories)
+    report(runs, args.rounds, args.rounds, directories, args.cold)
     return 0
 
 

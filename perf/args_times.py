@@ -14,6 +14,12 @@ repository root:
 
     python perf/args_times.py [--cases masks,dropout,plain,causal]
 
+`--cold` gives each call a fresh set of inputs (Q, K, V and the output's gradient; a mask is
+shared), from sets that together fill four L2 caches, as `make bench` rotates them
+(bench/timing.py): K and V then come from DRAM, not from the L2 that one reused set stays in. An
+A/B of a change to what a kernel reads, or to its order of work, should run both ways (perf/ab.py
+--cold): v43 of perf/NOTES.md has a forward that read 1.09x here and moved by nothing in the bench.
+
 `--once CASE` runs one forward+backward of a case and nothing else, for a profiler (ncu) to
 catch its kernels: `ncu --kernel-name regex:flash_backward python perf/args_times.py --once
 dropout-64`."""
@@ -21,6 +27,8 @@ dropout-64`."""
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -83,8 +91,11 @@ CASES = {
 ALL_CASES = {name: case for group in CASES.values() for name, case in group.items()}
 
 
-def inputs(batch, seq, dim, mask_kind, dtype=torch.bfloat16):
-    generator = torch.Generator(device="cuda").manual_seed(0)
+ROTATION_L2_CACHES = 4  # --cold: the input sets of a case fill at least this many L2 caches
+
+
+def inputs(batch, seq, dim, mask_kind, dtype=torch.bfloat16, seed=0):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
     value_dim = dim // 2 if mask_kind == "ev-half" else dim
     q, k, v, grad = (
         torch.randn(batch, HEADS, seq, width, device="cuda", dtype=dtype, generator=generator)
@@ -98,6 +109,18 @@ def inputs(batch, seq, dim, mask_kind, dtype=torch.bfloat16):
     elif mask_kind == "causal":
         mask = "causal"  # calls() passes is_causal=True
     return [t.requires_grad_() for t in (q, k, v)], grad, mask
+
+
+def input_sets_for(set_bytes: int, l2_bytes: int) -> int:
+    """--cold: how many input sets of `set_bytes` fill ROTATION_L2_CACHES caches of `l2_bytes`
+    (at least 2, so that no call reads the set of the call before it)."""
+    return max(2, math.ceil(ROTATION_L2_CACHES * l2_bytes / max(1, set_bytes)))
+
+
+def rotating(functions):
+    """One function that calls each of `functions` in turn."""
+    turn = itertools.cycle(functions)
+    return lambda: next(turn)()
 
 
 CALLS_PER_BATCH = 10
@@ -136,16 +159,26 @@ def calls(attention, q, k, v, grad, mask, dropout_p):
     return forward, forward_backward
 
 
-def time_case(name, batch, seq, dim, mask_kind, dropout_p, dtype=torch.bfloat16):
+def time_case(name, batch, seq, dim, mask_kind, dropout_p, dtype=torch.bfloat16, cold=False):
     import fixed  # after the GPU check: importing fixed builds its operator
 
-    (q, k, v), grad, mask = inputs(batch, seq, dim, mask_kind, dtype)
+    sets = [inputs(batch, seq, dim, mask_kind, dtype)]
+    if cold:
+        (q, k, v), grad, _ = sets[0]
+        set_bytes = sum(t.numel() * t.element_size() for t in (q, k, v, grad))
+        properties = torch.cuda.get_device_properties(q.device)
+        l2_bytes = getattr(properties, "L2_cache_size", 0) or 50 * 2**20  # an H100's, if unread
+        count = input_sets_for(set_bytes, l2_bytes)
+        sets += [inputs(batch, seq, dim, mask_kind, dtype, seed) for seed in range(1, count)]
+    mask = sets[0][2]
     result = {}
     for label, attention in (
         ("fixed", fixed.fast_attention),
         ("sdpa", F.scaled_dot_product_attention),
     ):
-        forward, forward_backward = calls(attention, q, k, v, grad, mask, dropout_p)
+        pairs = [calls(attention, *qkv, grad, mask, dropout_p) for qkv, grad, _ in sets]
+        forward = rotating([pair[0] for pair in pairs])
+        forward_backward = rotating([pair[1] for pair in pairs])
         result[label] = (median_ms(forward), median_ms(forward_backward))
     (fwd, both), (sdpa_fwd, sdpa_both) = result["fixed"], result["sdpa"]
     print(
@@ -169,6 +202,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="masks,dropout,plain,causal", help=", ".join(CASES))
     parser.add_argument("--once", choices=sorted(ALL_CASES), help="one forward+backward of a case")
+    parser.add_argument(
+        "--cold", action="store_true", help="a fresh input set per call (make bench's rotation)"
+    )
     args = parser.parse_args(argv)
     groups = [group for group in args.cases.split(",") if group]
     unknown = [group for group in groups if group not in CASES]
@@ -181,9 +217,11 @@ def main(argv=None) -> int:
     if args.once:
         run_once(args.once)
         return 0
+    if args.cold:
+        print(f"inputs: a fresh set per call, the sets filling {ROTATION_L2_CACHES} L2 caches")
     for group in groups:
         for name, case in CASES[group].items():
-            time_case(name, *case)
+            time_case(name, *case, cold=args.cold)
     return 0
 
 

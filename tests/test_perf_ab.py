@@ -32,8 +32,8 @@ ROWS = (
 
 def stand_in(directory: Path, scale: float, fail: bool = False, hang_from: int = 0) -> Path:
     """A checkout whose perf/args_times.py prints ROWS with fixed's times times `scale`, and
-    appends its --cases argument to calls.txt (or fails, saying why; or, from its hang_from-th
-    call on, hangs)."""
+    appends its arguments after --cases to calls.txt (or fails, saying why; or, from its
+    hang_from-th call on, hangs)."""
     (directory / "perf").mkdir(parents=True)
     (directory / "perf" / "args_times.py").write_text(
         textwrap.dedent(
@@ -42,7 +42,7 @@ def stand_in(directory: Path, scale: float, fail: bool = False, hang_from: int =
             from pathlib import Path
             log = Path(__file__).parents[1] / "calls.txt"
             with open(log, "a") as calls:
-                calls.write(sys.argv[2] + "\\n")
+                calls.write(" ".join(sys.argv[2:]) + "\\n")
             if {hang_from} and len(log.read_text().splitlines()) >= {hang_from}:
                 (log.parent / "hanging.pid").write_text(str(os.getpid()))
                 time.sleep(60)
@@ -88,6 +88,36 @@ def test_medians_and_b_over_a(tmp_path):
     row = next(line for line in result.stdout.splitlines() if line.startswith("plain-64"))
     assert row.split() == ["plain-64", "0.2000", "0.1000", "2.00", "0.7000", "0.3500", "2.00"]
     assert (a / "calls.txt").read_text() == "plain,causal\nplain,causal\n"
+
+
+def test_cold_reaches_every_run_and_the_report(tmp_path):
+    """--cold: each args_times.py run gets --cold (a fresh input set per call), and the table's
+    first line says which inputs it timed."""
+    a = stand_in(tmp_path / "a", 1.0)
+    b = stand_in(tmp_path / "b", 0.5)
+    result = run(str(a), str(b), "--rounds", "2", "--cold")
+    assert result.returncode == 0, result.stderr
+    assert all((d / "calls.txt").read_text() == "plain --cold\n" * 2 for d in (a, b))
+    assert "; a fresh input set per call (--cold)" in result.stdout, result.stdout
+    plain = run(str(a), str(b), "--rounds", "1")
+    assert "; one input set per case" in plain.stdout, plain.stdout
+
+
+def test_cold_input_sets_fill_four_l2_caches():
+    """args_times.py --cold: enough sets for four L2 caches, never fewer than two."""
+    path = ROOT / "perf" / "args_times.py"
+    spec = importlib.util.spec_from_file_location("perf_args_times", path)
+    args_times = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(args_times)
+    l2 = 60 * 2**20
+    assert args_times.input_sets_for(16 * 2**20, l2) == 15  # 240 MiB over 16 MiB sets
+    assert args_times.input_sets_for(67 * 2**20, l2) == 4
+    assert args_times.input_sets_for(268 * 2**20, l2) == 2  # larger than four caches: still 2
+    calls = []
+    turn = args_times.rotating([lambda: calls.append(0), lambda: calls.append(1)])
+    for _ in range(5):
+        turn()
+    assert calls == [0, 1, 0, 1, 0]
 
 
 def test_three_checkouts_each_against_a(tmp_path):
