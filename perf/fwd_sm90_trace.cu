@@ -1,37 +1,73 @@
 // When each CTA of the warp-specialized Hopper forward (flash_forward_sm90_ws.cuh, the operator's
-// D = 64 tiling, no mask or dropout) takes each round's work item, and when it runs out: the
-// anatomy of the kernel's tail (perf/NOTES.md, v42). No torch. Needs compute capability 9.0.
-// The kernel records nothing unless perf/fwd_sm90_trace.patch is applied (a hook in consume()
+// tiling for head dim 64 or 128, no mask or dropout) takes each round's work item, when that
+// item's Q has arrived, and when the CTA runs out: the anatomy of the kernel's tail and of its
+// item boundary (perf/NOTES.md, v42, v43). No torch. Needs compute capability 9.0.
+// The kernel records nothing unless perf/fwd_sm90_trace.patch is applied (hooks in consume()
 // behind FWD_TRACE, which this file defines); from the repository root:
 //
 //   git apply perf/fwd_sm90_trace.patch && nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/fwd_sm90_trace perf/fwd_sm90_trace.cu; git apply -R perf/fwd_sm90_trace.patch
-//   /tmp/fwd_sm90_trace [B x H] [S] [split: 1 or 0]     (default 64 2048 1)
+//   /tmp/fwd_sm90_trace [B x H] [S] [split: 1 or 0] [D: 64 or 128] [causal: 0 or 1]
+//                                                          (default 64 2048 1 64 0)
 //
-// Q, K, V of (B x H, S, 64) from sm90_check_common.cuh's fill_kernel, L = S, not causal.
-// `split` 1 hands the launcher the workspace of the last round's split
-// (flash_forward_sm90_ws_schedule.cuh), as the operator does; 0 withholds it. Eight launches;
-// per launch: its time (CUDA events), the CTAs' end times after the first CTA's start
-// (globaltimer, read by consumer 0 of each CTA), and the durations of whole items and of
-// split parts (a round's duration: from taking its work to taking the next). Then, for the last
-// launch, each CTA's rounds: start time (us) and f(ull item) or p(art), with its key blocks.
+// Q, K, V of (B x H, S, D) from sm90_check_common.cuh's fill_kernel, L = S. The tiling is the
+// operator's: D = 64 the 192-row one (Tile64), D = 128 the 176-key one (Tile128Wide), or where
+// causal the 128-key one (Tile128). `split` 1 hands the launcher the workspace of the last
+// round's split (flash_forward_sm90_ws_schedule.cuh; only the 192-row tiling splits), as the
+// operator does; 0 withholds it. Eight launches; per launch: its time (CUDA events), the CTAs'
+// end times after the first CTA's start (globaltimer, read by consumer 0 of each CTA), the
+// durations of whole items and of split parts (a round's duration: from taking its work to
+// taking the next), and how long whole items waited for their Q (from taking the work to the
+// Q's full barrier). Then, for the last launch, each CTA's rounds: start time (us) and f(ull
+// item) or p(art), with its key blocks.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
 struct FwdTraceEntry {
-  unsigned long long time;  // globaltimer, ns; 0: not reached
-  int part;                 // -1: a whole item, >= 0: a split part's unit, -2: no work left
-  int blocks;               // key blocks of the round's work
+  unsigned long long time;     // globaltimer, ns, when the round's work is taken; 0: not reached
+  unsigned long long q_ready;  // and when its Q has arrived
+  int part;                    // -1: a whole item, >= 0: a split part's unit, -2: no work left
+  int blocks;                  // key blocks of the round's work
 };
 #define FWD_TRACE 1
 #define FWD_TRACE_CTAS 1024
 #define FWD_TRACE_ROUNDS 64
 __device__ FwdTraceEntry fwd_trace[FWD_TRACE_CTAS * FWD_TRACE_ROUNDS];
+
+// The hooks the patch puts in consume(). Every consumer thread calls them; only the thread with
+// `record` stores, by predicated stores and no branch: a hook under an `if` that splits a
+// warpgroup made ptxas serialize every wgmma of the ping-pong tilings (its advisory C7520).
+__device__ __forceinline__ unsigned long long fwd_trace_now() {
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
+__device__ __forceinline__ FwdTraceEntry* fwd_trace_entry(bool& record, uint32_t round) {
+  record = record && blockIdx.x < FWD_TRACE_CTAS && round < FWD_TRACE_ROUNDS;
+  return &fwd_trace[record ? blockIdx.x * FWD_TRACE_ROUNDS + round : 0];
+}
+__device__ __forceinline__ void fwd_trace_take(bool record, uint32_t round, int part, int blocks) {
+  FwdTraceEntry* entry = fwd_trace_entry(record, round);
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.global.u64 [%1], %2;\n"
+      " @p st.global.u64 [%1+8], 0;\n @p st.global.v2.s32 [%1+16], {%3, %4};\n}\n" ::"r"(
+          static_cast<unsigned>(record)),
+      "l"(entry), "l"(fwd_trace_now()), "r"(part), "r"(blocks)
+      : "memory");
+}
+__device__ __forceinline__ void fwd_trace_q_ready(bool record, uint32_t round) {
+  FwdTraceEntry* entry = fwd_trace_entry(record, round);
+  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.global.u64 [%1+8], %2;\n}\n" ::"r"(
+                   static_cast<unsigned>(record)),
+               "l"(entry), "l"(fwd_trace_now())
+               : "memory");
+}
 
 #include "sm90_check_common.cuh"  // CHECK_CUDA, fill_kernel, device_ready
 #include "../fixed/csrc/kernels/flash_forward_sm90_ws.cuh"
@@ -65,7 +101,7 @@ void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float
       first = std::min(first, trace[c * FWD_TRACE_ROUNDS].time);
     }
   }
-  std::vector<double> ends, items, parts;
+  std::vector<double> ends, items, parts, q_waits;
   for (int c = 0; c < ctas; ++c) {
     const FwdTraceEntry* entry = &trace[c * FWD_TRACE_ROUNDS];
     for (int r = 0; r + 1 < FWD_TRACE_ROUNDS && entry[r].time != 0; ++r) {
@@ -75,6 +111,9 @@ void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float
       }
       const double us = (entry[r + 1].time - entry[r].time) / 1e3;
       (entry[r].part == -1 ? items : parts).push_back(us);
+      if (entry[r].part == -1 && entry[r].q_ready >= entry[r].time) {
+        q_waits.push_back((entry[r].q_ready - entry[r].time) / 1e3);
+      }
     }
   }
   if (ends.empty()) {
@@ -93,6 +132,8 @@ void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float
               items.empty() ? 0.0 : *std::max_element(items.begin(), items.end()), parts.size(),
               median(parts), parts.empty() ? 0.0 : *std::min_element(parts.begin(), parts.end()),
               parts.empty() ? 0.0 : *std::max_element(parts.begin(), parts.end()));
+  std::printf("  whole items' wait for Q (us): median %.2f, max %.2f\n", median(q_waits),
+              q_waits.empty() ? 0.0 : *std::max_element(q_waits.begin(), q_waits.end()));
   if (!rounds) {
     return;
   }
@@ -111,24 +152,12 @@ void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int64_t batch = 64, seq = 2048, split = 1;
-  if (argc > 4 || (argc > 1 && !parse_count(argv[1], 1, 4096, batch)) ||
-      (argc > 2 && !parse_count(argv[2], 1, 1 << 17, seq)) ||
-      (argc > 3 && !parse_count(argv[3], 0, 1, split))) {
-    std::fprintf(stderr, "usage: fwd_sm90_trace [B x H, 1-4096] [S, 1-131072] [split, 0 or 1]\n");
-    return 2;
-  }
-  if (!device_ready(false)) {
-    return 2;
-  }
-  int device = 0, sms = 0;
-  CHECK_CUDA(cudaGetDevice(&device));
-  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t D = 64, elements = batch * seq * D;
-  fk::AttentionProblem p{batch, seq, seq, D, 0.125f, false};
+// Eight launches of tiling F (FArgs: its masked twin, which launch() names but these problems
+// never take) on (batch, seq, D) problems; 0, or 1 or 2 after one line on stderr.
+template <class F, class FArgs>
+int trace_launches(int64_t batch, int64_t seq, int64_t D, bool causal, bool split, int sms) {
+  const int64_t elements = batch * seq * D;
+  fk::AttentionProblem p{batch, seq, seq, D, 1.f / std::sqrt(static_cast<float>(D)), causal};
   __nv_bfloat16* qkvo[4];
   for (int i = 0; i < 4; ++i) {
     CHECK_CUDA(cudaMalloc(&qkvo[i], elements * sizeof(__nv_bfloat16)));
@@ -137,14 +166,14 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetLastError());
   float* lse = nullptr;
   CHECK_CUDA(cudaMalloc(&lse, batch * seq * sizeof(float)));
-  fk::SplitWorkspace workspace = ws::split_workspace<ws::Tile64>(p);
-  if (split != 0 && workspace.counts > 0) {
+  fk::SplitWorkspace workspace = ws::split_workspace<F>(p);
+  if (split && workspace.counts > 0) {
     CHECK_CUDA(cudaMalloc(&workspace.partial, workspace.floats * sizeof(float)));
     CHECK_CUDA(cudaMalloc(&workspace.arrivals, workspace.counts * sizeof(unsigned)));
   } else {
     workspace = fk::SplitWorkspace{};
   }
-  const int64_t items = batch * ((seq + ws::Tile64::kBlockM - 1) / ws::Tile64::kBlockM);
+  const int64_t items = batch * ((seq + F::kBlockM - 1) / F::kBlockM);
   const int ctas = static_cast<int>(std::min<int64_t>(sms, items));
   // Rounds per CTA: whole items, one split round and the one that finds no work left.
   const int64_t rounds = (items + ctas - 1) / ctas + 2;
@@ -153,9 +182,11 @@ int main(int argc, char** argv) {
                  ctas, static_cast<long long>(rounds), FWD_TRACE_CTAS, FWD_TRACE_ROUNDS);
     return 2;
   }
-  std::printf("B x H %lld, S %lld, D 64, %d SMs; split workspace: %s\n",
-              static_cast<long long>(batch), static_cast<long long>(seq), sms,
-              workspace.counts > 0 ? "given" : split != 0 ? "none needed" : "withheld");
+  std::printf("B x H %lld, S %lld, D %lld%s, %d-row items of %d-key blocks, %d SMs; split "
+              "workspace: %s\n",
+              static_cast<long long>(batch), static_cast<long long>(seq),
+              static_cast<long long>(D), causal ? " causal" : "", F::kBlockM, F::kBlockN, sms,
+              workspace.counts > 0 ? "given" : split ? "none needed" : "withheld");
   std::vector<FwdTraceEntry> trace(FWD_TRACE_CTAS * FWD_TRACE_ROUNDS);
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
@@ -165,11 +196,11 @@ int main(int argc, char** argv) {
     if (workspace.arrivals != nullptr) {
       CHECK_CUDA(cudaMemset(workspace.arrivals, 0, workspace.counts * sizeof(unsigned)));
     }
-    std::fill(trace.begin(), trace.end(), FwdTraceEntry{0, 0, 0});
+    std::fill(trace.begin(), trace.end(), FwdTraceEntry{0, 0, 0, 0});
     CHECK_CUDA(cudaMemcpyToSymbol(fwd_trace, trace.data(), trace.size() * sizeof(FwdTraceEntry)));
     CHECK_CUDA(cudaEventRecord(start));
-    if (!ws::launch<__nv_bfloat16, ws::Tile64, ws::Tile64Args>(qkvo[0], qkvo[1], qkvo[2], qkvo[3],
-                                                               lse, p, nullptr, workspace)) {
+    if (!ws::launch<__nv_bfloat16, F, FArgs>(qkvo[0], qkvo[1], qkvo[2], qkvo[3], lse, p, nullptr,
+                                              workspace)) {
       std::fprintf(stderr, "fwd_sm90_trace: the launcher declined (no sm_90a image?)\n");
       return 1;
     }
@@ -186,4 +217,31 @@ int main(int argc, char** argv) {
     report(trace, ctas, launch, ms, launch == kLaunches - 1);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t batch = 64, seq = 2048, split = 1, D = 64, causal = 0;
+  if (argc > 6 || (argc > 1 && !parse_count(argv[1], 1, 4096, batch)) ||
+      (argc > 2 && !parse_count(argv[2], 1, 1 << 17, seq)) ||
+      (argc > 3 && !parse_count(argv[3], 0, 1, split)) ||
+      (argc > 4 && !parse_count(argv[4], 64, 128, D)) || (D != 64 && D != 128) ||
+      (argc > 5 && !parse_count(argv[5], 0, 1, causal))) {
+    std::fprintf(stderr, "usage: fwd_sm90_trace [B x H, 1-4096] [S, 1-131072] [split, 0 or 1] "
+                         "[D, 64 or 128] [causal, 0 or 1]\n");
+    return 2;
+  }
+  if (!device_ready(false)) {
+    return 2;
+  }
+  int device = 0, sms = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (D == 64) {
+    return trace_launches<ws::Tile64, ws::Tile64Args>(batch, seq, D, causal, split, sms);
+  }
+  return causal ? trace_launches<ws::Tile128, ws::Tile128Args>(batch, seq, D, true, split, sms)
+                : trace_launches<ws::Tile128Wide, ws::Tile128Args>(batch, seq, D, false, split,
+                                                                   sms);
 }
