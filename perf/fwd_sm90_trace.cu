@@ -1,7 +1,11 @@
 // When each CTA of the warp-specialized Hopper forward (flash_forward_sm90_ws.cuh, the operator's
-// tiling for head dim 64 or 128, no mask or dropout) takes each round's work item, when that
-// item's Q has arrived, and when the CTA runs out: the anatomy of the kernel's tail and of its
-// item boundary (perf/NOTES.md, v42, v43). No torch. Needs compute capability 9.0.
+// tiling for head dim 64 or 128, no mask or dropout) takes each round's work item, the phases of
+// each item (its Q's arrival, its first S, its last P V), and when the CTA runs out: the anatomy
+// of the kernel's tail and of its item boundary (perf/NOTES.md, v42 to v44). No torch. Needs
+// compute capability 9.0.
+// The hooks can perturb what they time: a change to the epilogue's stores halved the traced
+// epilogue (2.4 -> 1.25 us at D = 128, S = 2048) and moved the operator's time by under 2% (v44).
+// Use the phases to form a hypothesis, and perf/ab.py on the operator to test it.
 // The kernel records nothing unless perf/fwd_sm90_trace.patch is applied (hooks in consume()
 // behind FWD_TRACE, which this file defines); from the repository root:
 //
@@ -16,9 +20,11 @@
 // operator does; 0 withholds it. Eight launches; per launch: its time (CUDA events), the CTAs'
 // end times after the first CTA's start (globaltimer, read by consumer 0 of each CTA), the
 // durations of whole items and of split parts (a round's duration: from taking its work to
-// taking the next), and how long whole items waited for their Q (from taking the work to the
-// Q's full barrier). Then, for the last launch, each CTA's rounds: start time (us) and f(ull
-// item) or p(art), with its key blocks.
+// taking the next), and the medians of a whole item's phases: its wait for Q (from taking the
+// work to the Q's full barrier), its first S (to that product's wait), the blocks after it (to
+// the wait for its last P V) and the tail (the epilogue and taking the next round's work). Then,
+// for the last launch, each CTA's rounds: start time (us) and f(ull item) or p(art), with its
+// key blocks.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -31,7 +37,9 @@
 
 struct FwdTraceEntry {
   unsigned long long time;     // globaltimer, ns, when the round's work is taken; 0: not reached
-  unsigned long long q_ready;  // and when its Q has arrived
+  unsigned long long q_ready;  // when its Q has arrived
+  unsigned long long first_s;  // when its first block's S is done (the wait on the product)
+  unsigned long long last_pv;  // when its last block's P V is done (before the epilogue)
   int part;                    // -1: a whole item, >= 0: a split part's unit, -2: no work left
   int blocks;                  // key blocks of the round's work
 };
@@ -56,16 +64,18 @@ __device__ __forceinline__ void fwd_trace_take(bool record, uint32_t round, int 
   FwdTraceEntry* entry = fwd_trace_entry(record, round);
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.global.u64 [%1], %2;\n"
-      " @p st.global.u64 [%1+8], 0;\n @p st.global.v2.s32 [%1+16], {%3, %4};\n}\n" ::"r"(
+      " @p st.global.u64 [%1+8], 0;\n @p st.global.u64 [%1+16], 0;\n @p st.global.u64 [%1+24], 0;\n"
+      " @p st.global.v2.s32 [%1+32], {%3, %4};\n}\n" ::"r"(
           static_cast<unsigned>(record)),
       "l"(entry), "l"(fwd_trace_now()), "r"(part), "r"(blocks)
       : "memory");
 }
-__device__ __forceinline__ void fwd_trace_q_ready(bool record, uint32_t round) {
+// Marks 1, 2, 3: the entry's q_ready, first_s and last_pv.
+__device__ __forceinline__ void fwd_trace_mark(bool record, uint32_t round, int mark) {
   FwdTraceEntry* entry = fwd_trace_entry(record, round);
-  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.global.u64 [%1+8], %2;\n}\n" ::"r"(
+  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.global.u64 [%1], %2;\n}\n" ::"r"(
                    static_cast<unsigned>(record)),
-               "l"(entry), "l"(fwd_trace_now())
+               "l"(&entry->time + mark), "l"(fwd_trace_now())
                : "memory");
 }
 
@@ -101,7 +111,9 @@ void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float
       first = std::min(first, trace[c * FWD_TRACE_ROUNDS].time);
     }
   }
-  std::vector<double> ends, items, parts, q_waits;
+  // A whole item's phases: Q's wait, the first S, the blocks after it, and the tail (epilogue
+  // and taking the next round's work), from its marks in order.
+  std::vector<double> ends, items, parts, q_waits, first_s, blocks, tails;
   for (int c = 0; c < ctas; ++c) {
     const FwdTraceEntry* entry = &trace[c * FWD_TRACE_ROUNDS];
     for (int r = 0; r + 1 < FWD_TRACE_ROUNDS && entry[r].time != 0; ++r) {
@@ -111,8 +123,13 @@ void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float
       }
       const double us = (entry[r + 1].time - entry[r].time) / 1e3;
       (entry[r].part == -1 ? items : parts).push_back(us);
-      if (entry[r].part == -1 && entry[r].q_ready >= entry[r].time) {
-        q_waits.push_back((entry[r].q_ready - entry[r].time) / 1e3);
+      const FwdTraceEntry& e = entry[r];
+      if (e.part == -1 && e.q_ready >= e.time && e.first_s >= e.q_ready &&
+          e.last_pv >= e.first_s && entry[r + 1].time >= e.last_pv) {
+        q_waits.push_back((e.q_ready - e.time) / 1e3);
+        first_s.push_back((e.first_s - e.q_ready) / 1e3);
+        blocks.push_back((e.last_pv - e.first_s) / 1e3);
+        tails.push_back((entry[r + 1].time - e.last_pv) / 1e3);
       }
     }
   }
@@ -132,8 +149,11 @@ void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float
               items.empty() ? 0.0 : *std::max_element(items.begin(), items.end()), parts.size(),
               median(parts), parts.empty() ? 0.0 : *std::min_element(parts.begin(), parts.end()),
               parts.empty() ? 0.0 : *std::max_element(parts.begin(), parts.end()));
-  std::printf("  whole items' wait for Q (us): median %.2f, max %.2f\n", median(q_waits),
-              q_waits.empty() ? 0.0 : *std::max_element(q_waits.begin(), q_waits.end()));
+  std::printf("  whole items' medians (us): wait for Q %.2f (max %.2f), first S %.2f, the blocks "
+              "after it %.2f, epilogue and next work %.2f\n",
+              median(q_waits),
+              q_waits.empty() ? 0.0 : *std::max_element(q_waits.begin(), q_waits.end()),
+              median(first_s), median(blocks), median(tails));
   if (!rounds) {
     return;
   }
@@ -196,7 +216,7 @@ int trace_launches(int64_t batch, int64_t seq, int64_t D, bool causal, bool spli
     if (workspace.arrivals != nullptr) {
       CHECK_CUDA(cudaMemset(workspace.arrivals, 0, workspace.counts * sizeof(unsigned)));
     }
-    std::fill(trace.begin(), trace.end(), FwdTraceEntry{0, 0, 0, 0});
+    std::fill(trace.begin(), trace.end(), FwdTraceEntry{0, 0, 0, 0, 0, 0});
     CHECK_CUDA(cudaMemcpyToSymbol(fwd_trace, trace.data(), trace.size() * sizeof(FwdTraceEntry)));
     CHECK_CUDA(cudaEventRecord(start));
     if (!ws::launch<__nv_bfloat16, F, FArgs>(qkvo[0], qkvo[1], qkvo[2], qkvo[3], lse, p, nullptr,
