@@ -65,25 +65,33 @@ def parse(text: str) -> dict[str, tuple[float, float]]:
     return rows
 
 
-def run_checkout(
-    directory: Path, cases: str, timeout: float, cold: bool = False
-) -> dict[str, tuple[float, float]]:
-    """One args_times.py run in `directory` (with --cold: a fresh input set per call), its rows."""
+def run_in(directory: Path, script: Path | str, args: list[str], timeout: float) -> str:
+    """`python script args` in `directory` (perf/ab_bits.py's runs too): its output, or Failure
+    naming the script with the run's last line."""
+    name = Path(script).name
     try:
         result = subprocess.run(
-            [sys.executable, str(SCRIPT), "--cases", cases, *(["--cold"] if cold else [])],
+            [sys.executable, str(script), *args],
             cwd=directory,
             capture_output=True,
             text=True,
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        raise Failure(f"{directory}: args_times.py ran past {timeout:.0f} s") from None
+        raise Failure(f"{directory}: {name} ran past {timeout:.0f} s") from None
     if result.returncode != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()
         last = lines[-1] if lines else f"exit status {result.returncode}"
-        raise Failure(f"{directory}: args_times.py failed: {last}")
-    rows = parse(result.stdout)
+        raise Failure(f"{directory}: {name} failed: {last}")
+    return result.stdout
+
+
+def run_checkout(
+    directory: Path, cases: str, timeout: float, cold: bool = False
+) -> dict[str, tuple[float, float]]:
+    """One args_times.py run in `directory` (with --cold: a fresh input set per call), its rows."""
+    output = run_in(directory, SCRIPT, ["--cases", cases, *(["--cold"] if cold else [])], timeout)
+    rows = parse(output)
     if not rows:
         raise Failure(f"{directory}: args_times.py printed no rows")
     return rows

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from ab import Failure, run_in  # perf/ab.py: a script's own directory is on sys.path
 
 HERE = Path(__file__).resolve()
 TENSORS = ("out", "dq", "dk", "dv")
 KINDS = ("plain", "causal", "bool", "float", "dropout", "gqa", "ev64", "neg")
-
-
-class Failure(Exception):
-    """A problem to report in one line."""
 
 
 def cases(device: str) -> list[tuple[int, int, str]]:
@@ -91,22 +88,9 @@ def print_fingerprints(device: str) -> None:
 
 def run_checkout(directory: Path, device: str, timeout: float) -> dict[str, list[str]]:
     """This file's --fingerprint run in `directory`: case -> the four tensors' sums."""
-    try:
-        result = subprocess.run(
-            [sys.executable, str(HERE), "--fingerprint", "--device", device],
-            cwd=directory,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        raise Failure(f"{directory}: the run passed {timeout:.0f} s") from None
-    if result.returncode != 0:
-        lines = (result.stderr or result.stdout).strip().splitlines()
-        last = lines[-1] if lines else f"exit status {result.returncode}"
-        raise Failure(f"{directory}: {last}")
+    output = run_in(directory, HERE, ["--fingerprint", "--device", device], timeout)
     rows = {}
-    for line in result.stdout.splitlines():
+    for line in output.splitlines():
         fields = line.split()
         if len(fields) == 3 + len(TENSORS):
             rows[" ".join(fields[:3])] = fields[3:]

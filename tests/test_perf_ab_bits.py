@@ -15,7 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "perf" / "ab_bits.py"
 _spec = importlib.util.spec_from_file_location("perf_ab_bits", SCRIPT)
 ab_bits = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab_bits)
+sys.path.insert(0, str(SCRIPT.parent))  # its `from ab import ...`, as when run as a script
+try:
+    _spec.loader.exec_module(ab_bits)
+finally:
+    sys.path.remove(str(SCRIPT.parent))
 
 
 def stand_in(directory: Path, body: str) -> Path:
@@ -83,5 +87,5 @@ def test_bad_input_and_failed_runs_get_one_line(tmp_path):
     result = run(str(ROOT), str(broken), "--device", "cpu")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"ab_bits: {broken}: ImportError: fixed: no compiler found"
+        f"ab_bits: {broken}: ab_bits.py failed: ImportError: fixed: no compiler found"
     ]
