@@ -53,7 +53,7 @@ def fingerprint(tensor) -> str:
 
 def print_fingerprints(device: str) -> None:
     """The --fingerprint run, inside a checkout: one line per case."""
-    sys.path.insert(0, os.getcwd())  # this checkout's fixed/, not the one beside this file
+    sys.path.insert(0, os.getcwd())  # the checkout run in, not the one holding this file
     import torch
 
     import fixed
