@@ -548,6 +548,60 @@ def test_a_passed_cuda_check_reruns_only_when_an_input_changes(tmp_path, monkeyp
     assert builders.compile_check_cuda(sm90) and len(compiled) == 4
 
 
+# ptxas's advisories as it printed them (nvcc 13.0, sm_90a): one that it serialized the wgmma of
+# the D = 64 forward (a branch of perf/NOTES.md v45), and an injected arrive, which is harmless.
+SERIALIZED_WGMMA = (
+    "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
+    "serialized due to non wgmma instructions defining accumulator registers of a wgmma between "
+    "start and end of the pipeline stage in the function '_ZN15fixed_attention7kernels5flash7sm90"
+    "_ws28flash_forward_sm90_ws_kernelI13__nv_bfloat16NS2_4TileILi64ELi128ELi3ELb0ELi0ELi3EfLi64E"
+    "EELi0EEEv14CUtensorMap_stS7_S7_S7_PT_PfNS0_16AttentionProblemEbNS2_9SplitTailE'\n"
+)
+INJECTED_ARRIVE = (
+    "ptxas info    : (C7519) warpgroup.arrive is injected in around line 4181 by compiler to "
+    "allow use of registers in GMMA in function '_Z6kernelv'\n"
+)
+
+
+def test_a_serialized_wgmma_fails_the_cuda_check(tmp_path, monkeypatch):
+    """ptxas keeps a kernel whose wgmma it cannot pipeline correct but serialized, far slower,
+    and says so only in an advisory: the check fails on it, in one line naming the kernel, the
+    code and the reason, and remembers no pass. Other advisories pass."""
+    outputs = []
+    monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
+    monkeypatch.setattr(builders, "_require_tool", lambda *_: sys.executable)
+    monkeypatch.setattr(builders, "_run_compiler", lambda command, _: outputs[0])
+    monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: [])
+    kernel = tmp_path / "kernel.cuh"
+    kernel.write_text("// the kernels\n")
+    checks = [builders.CudaCheck(kernel, "sm_90a")]
+    outputs.append(INJECTED_ARRIVE + SERIALIZED_WGMMA)
+    with pytest.raises(KataError) as failure:
+        builders.compile_check_cuda(checks)
+    message = str(failure.value)
+    assert "\n" not in message
+    assert message.startswith("cannot compile-check CUDA sources: ptxas serialized every wgmma of ")
+    assert "flash_forward_sm90_ws_kernel" in message and "C7515: non wgmma instructions" in message
+    assert message.endswith("(kernel.cuh, sm_90a)")
+    assert not (tmp_path / "checks").exists()  # not remembered as passed
+    outputs[0] = INJECTED_ARRIVE
+    assert builders.compile_check_cuda(checks)
+    assert not builders.compile_check_cuda(checks)  # passed, remembered
+
+
+def test_a_serialized_kernel_is_named_as_written(monkeypatch):
+    """The advisory's kernel demangled, without its parameters and the project's namespaces
+    (c++filt); as ptxas printed it where c++filt is missing."""
+    mangled = SERIALIZED_WGMMA.split("'")[1]
+    if shutil.which("c++filt"):
+        assert builders._kernel_name(mangled) == (
+            "flash::sm90_ws::flash_forward_sm90_ws_kernel<__nv_bfloat16, flash::sm90_ws::Tile<64, "
+            "128, 3, false, 0, 3, float, 64>, 0>"
+        )
+    monkeypatch.setattr(builders.shutil, "which", lambda _: None)
+    assert builders._kernel_name(mangled) == mangled
+
+
 def test_stale_vendor_library_is_rebuilt(candidate):
     impl = candidate((FLAWED_DIR / "attention_wrapper.py").read_text())
     assert (

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,7 +44,8 @@ def _require_tool(tool: str, purpose: str, remedy: str) -> str:
 COMPILER_TIMEOUT_S = 600  # the slowest compile here, nvcc on the vendor kernel, takes seconds
 
 
-def _run_compiler(command: list[str], purpose: str) -> None:
+def _run_compiler(command: list[str], purpose: str) -> str:
+    """Run a compiler; its output (stdout, then stderr) where it succeeds."""
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -52,6 +54,7 @@ def _run_compiler(command: list[str], purpose: str) -> None:
     if result.returncode != 0:
         output = (result.stderr or result.stdout).strip()
         raise KataError(f"cannot {purpose}: {Path(command[0]).name} failed:\n{output}")
+    return (result.stdout or "") + (result.stderr or "")
 
 
 def _write_text_atomically(path: Path, text: str) -> None:
@@ -307,6 +310,8 @@ def _torch_nvcc_flags() -> list[str]:
 
 
 CUDA_CHECKS_DIR = BUILD_DIR / "cuda-checks"  # one empty file per passed check, named by its inputs
+# What a pass means, in its name too: a pass remembered under older rules is not this one.
+_CHECK_RULES = "nvcc exits 0; ptxas serializes no wgmma"
 
 
 def compile_check_cuda(checks: list[CudaCheck]) -> bool:
@@ -326,11 +331,52 @@ def compile_check_cuda(checks: list[CudaCheck]) -> bool:
             pool.submit(_run_compiler, [*command, "-o", f"{scratch}/{n}.o"], purpose)
             for n, command in enumerate(commands)
         ]
-        for compiled in compiles:
-            compiled.result()  # the first failure, in the order of `checks`
+        for check, compiled in zip(checks, compiles, strict=True):
+            output = compiled.result()  # the first failure, in the order of `checks`
+            serialized = _serialized_wgmma(output) if check.optimised else None
+            if serialized:
+                where = f"{check.source.name}, {check.arch}"
+                raise KataError(f"cannot {purpose}: {serialized} ({where})")
     CUDA_CHECKS_DIR.mkdir(parents=True, exist_ok=True)
     passed.touch()
     return True
+
+
+# ptxas compiles a kernel whose wgmma it cannot pipeline by serializing every wgmma in it, and
+# says so only in an advisory ("Potential Performance Loss: wgmma.mma_async instructions are
+# serialized due to ...", codes C7508 to C7520): the kernel stays correct at a fraction of its
+# speed, which nothing else run without a GPU would notice (perf/NOTES.md, v45). So it fails.
+_SERIALIZED_WGMMA = re.compile(
+    r"\((C\d+)\)[^\n]*wgmma\.mma_async instructions are serialized due to ([^\n]*?)"
+    r" in (?:the )?function '([^']+)'"
+)
+
+
+def _serialized_wgmma(output: str | None) -> str | None:
+    """ptxas's first serialized kernel in `output`, said in a line; None where there is none."""
+    match = _SERIALIZED_WGMMA.search(output or "")
+    if match is None:
+        return None
+    code, reason, kernel = match.groups()
+    reason = " ".join(reason.split())  # ptxas's text has a double space in one advisory
+    return f"ptxas serialized every wgmma of {_kernel_name(kernel)} ({code}: {reason})"
+
+
+def _kernel_name(mangled: str) -> str:
+    """A kernel's name demangled, without its parameters or the project's namespaces, where
+    c++filt is at hand; else as ptxas printed it."""
+    filt = shutil.which("c++filt")
+    try:
+        name = subprocess.run([filt, mangled], capture_output=True, text=True, timeout=30).stdout
+    except (TypeError, OSError, subprocess.TimeoutExpired):  # TypeError: no c++filt
+        return mangled
+    name, depth = name.strip().removeprefix("void "), 0
+    for index, char in enumerate(name):
+        depth += {"<": 1, ">": -1}.get(char, 0)
+        if char == "(" and depth == 0:
+            name = name[:index]
+            break
+    return name.replace("fixed_attention::kernels::", "") or mangled
 
 
 def _check_digest(nvcc: str, commands: list[list[str]], sources) -> str:
@@ -341,7 +387,7 @@ def _check_digest(nvcc: str, commands: list[list[str]], sources) -> str:
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         version = f"unknown {time.time()}"  # never matches: the check runs
-    digest.update(repr((version, commands)).encode())
+    digest.update(repr((version, commands, _CHECK_RULES)).encode())
     included = sorted({path for source in sources for path in Path(source).parent.iterdir()})
     for path in included:
         if path.is_file():
