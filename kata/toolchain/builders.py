@@ -344,8 +344,8 @@ def compile_check_cuda(checks: list[CudaCheck]) -> bool:
 
 # ptxas compiles a kernel whose wgmma it cannot pipeline by serializing every wgmma in it, and
 # says so only in an advisory ("Potential Performance Loss: wgmma.mma_async instructions are
-# serialized due to ...", codes C7508 to C7520): the kernel stays correct at a fraction of its
-# speed, which nothing else run without a GPU would notice (perf/NOTES.md, v45). So it fails.
+# serialized due to ...": C7511, C7514, C7515 and kin): the kernel stays correct at a fraction
+# of its speed, which nothing else run without a GPU would notice (perf/NOTES.md, v45).
 _SERIALIZED_WGMMA = re.compile(
     r"\((C\d+)\)[^\n]*wgmma\.mma_async instructions are serialized due to ([^\n]*?)"
     r" in (?:the )?function '([^']+)'"
