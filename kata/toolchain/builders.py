@@ -366,9 +366,11 @@ def _kernel_name(mangled: str) -> str:
     """A kernel's name demangled, without its parameters or the project's namespaces, where
     c++filt is at hand; else as ptxas printed it."""
     filt = shutil.which("c++filt")
+    if filt is None:
+        return mangled
     try:
         name = subprocess.run([filt, mangled], capture_output=True, text=True, timeout=30).stdout
-    except (TypeError, OSError, subprocess.TimeoutExpired):  # TypeError: no c++filt
+    except (OSError, subprocess.TimeoutExpired):
         return mangled
     name, depth = name.strip().removeprefix("void "), 0
     for index, char in enumerate(name):
