@@ -594,12 +594,12 @@ def test_a_serialized_kernel_is_named_as_written(monkeypatch):
     (c++filt); as ptxas printed it where c++filt is missing."""
     mangled = SERIALIZED_WGMMA.split("'")[1]
     if shutil.which("c++filt"):
-        assert builders._kernel_name(mangled) == (
+        assert builders.kernel_name(mangled) == (
             "flash::sm90_ws::flash_forward_sm90_ws_kernel<__nv_bfloat16, flash::sm90_ws::Tile<64, "
             "128, 3, false, 0, 3, float, 64>, 0>"
         )
     monkeypatch.setattr(builders.shutil, "which", lambda _: None)
-    assert builders._kernel_name(mangled) == mangled
+    assert builders.kernel_name(mangled) == mangled
 
 
 def test_stale_vendor_library_is_rebuilt(candidate):

@@ -309,6 +309,11 @@ def _torch_nvcc_flags() -> list[str]:
     return list(COMMON_NVCC_FLAGS)
 
 
+def nvcc_command(nvcc: str, check: CudaCheck) -> list[str]:
+    """nvcc's command for `check`, less its output (-o): also perf/ptxas_diff.py's."""
+    return [nvcc, *check.flags(), *_torch_nvcc_flags(), "-x", "cu", "-c", str(check.source)]
+
+
 CUDA_CHECKS_DIR = BUILD_DIR / "cuda-checks"  # one empty file per passed check, named by its inputs
 # What a pass means, in its name too: a pass remembered under older rules is not this one.
 _CHECK_RULES = "nvcc exits 0; ptxas serializes no wgmma"
@@ -320,8 +325,7 @@ def compile_check_cuda(checks: list[CudaCheck]) -> bool:
     the sources and of every file they may include (their directories'); True when run."""
     purpose = "compile-check CUDA sources"
     nvcc = _require_tool("nvcc", purpose, "install the CUDA toolkit or put it on PATH")
-    common = [*_torch_nvcc_flags(), "-x", "cu", "-c"]
-    commands = [[nvcc, *check.flags(), *common, str(check.source)] for check in checks]
+    commands = [nvcc_command(nvcc, check) for check in checks]
     sources = sorted({check.source for check in checks})
     passed = CUDA_CHECKS_DIR / _check_digest(nvcc, commands, sources)
     if passed.exists():
@@ -333,10 +337,10 @@ def compile_check_cuda(checks: list[CudaCheck]) -> bool:
         ]
         for check, compiled in zip(checks, compiles, strict=True):
             output = compiled.result()  # the first failure, in the order of `checks`
-            serialized = _serialized_wgmma(output) if check.optimised else None
+            serialized = serialized_wgmma(output) if check.optimised else []
             if serialized:
                 where = f"{check.source.name}, {check.arch}"
-                raise KataError(f"cannot {purpose}: {serialized} ({where})")
+                raise KataError(f"cannot {purpose}: {serialized[0]} ({where})")
     CUDA_CHECKS_DIR.mkdir(parents=True, exist_ok=True)
     passed.touch()
     return True
@@ -352,17 +356,16 @@ _SERIALIZED_WGMMA = re.compile(
 )
 
 
-def _serialized_wgmma(output: str | None) -> str | None:
-    """ptxas's first serialized kernel in `output`, said in a line; None where there is none."""
-    match = _SERIALIZED_WGMMA.search(output or "")
-    if match is None:
-        return None
-    code, reason, kernel = match.groups()
-    reason = " ".join(reason.split())  # ptxas's text has a double space in one advisory
-    return f"ptxas serialized every wgmma of {_kernel_name(kernel)} ({code}: {reason})"
+def serialized_wgmma(output: str | None) -> list[str]:
+    """Each kernel whose wgmma ptxas serialized, per its advisories in `output`, in a line."""
+    lines = []
+    for code, reason, kernel in _SERIALIZED_WGMMA.findall(output or ""):
+        reason = " ".join(reason.split())  # ptxas's text has a double space in one advisory
+        lines.append(f"ptxas serialized every wgmma of {kernel_name(kernel)} ({code}: {reason})")
+    return lines
 
 
-def _kernel_name(mangled: str) -> str:
+def kernel_name(mangled: str) -> str:
     """A kernel's name demangled, without its parameters or the project's namespaces, where
     c++filt is at hand; else as ptxas printed it."""
     filt = shutil.which("c++filt")
