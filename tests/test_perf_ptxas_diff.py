@@ -1,0 +1,87 @@
+"""perf/ptxas_diff.py, registers and spills of the tensor-core kernels in two checkouts: ptxas's
+-v report is read per kernel, differences, kernels in one checkout only and serialized wgmma are
+named, and bad input gets one line. On canned ptxas output (nvcc 13.0's text): the real compile
+takes minutes."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "perf" / "ptxas_diff.py"
+_spec = importlib.util.spec_from_file_location("perf_ptxas_diff", SCRIPT)
+ptxas_diff = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ptxas_diff)
+
+MASKED = "_ZN15fixed_attention7kernels5flash7sm90_ws28flash_forward_sm90_ws_kernelI13__nv_bfloat16NS2_4TileILi256ELi64ELi2ELb1ELi1ELi2EfLi256EEELi1EEEv14CUtensorMap_stS7_S7_S7_PT_PfNS0_16AttentionProblemEbNS2_9SplitTailE"  # noqa: E501
+PLAIN = "_ZN15fixed_attention7kernels5flash7sm90_ws28flash_forward_sm90_ws_kernelI13__nv_bfloat16NS2_4TileILi64ELi128ELi3ELb0ELi0ELi3EfLi64EEELi0EEEv14CUtensorMap_stS7_S7_S7_PT_PfNS0_16AttentionProblemEbNS2_9SplitTailE"  # noqa: E501
+
+
+def entry(name: str, registers: int, stores: int, loads: int) -> str:
+    """One kernel as ptxas -v reports it."""
+    return (
+        f"ptxas info    : Compiling entry function '{name}' for 'sm_90a'\n"
+        f"ptxas info    : Function properties for {name}\n"
+        f"    32 bytes stack frame, {stores} bytes spill stores, {loads} bytes spill loads\n"
+        f"ptxas info    : Used {registers} registers, used 16 barriers, 32 bytes cumulative "
+        "stack size\n"
+    )
+
+
+SERIALIZED = (
+    "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
+    "serialized due to non wgmma instructions defining accumulator registers of a wgmma between "
+    f"start and end of the pipeline stage in the function '{PLAIN}'\n"
+)
+
+
+def test_each_kernel_is_read_from_the_report():
+    report = entry(MASKED, 168, 32, 60) + entry(PLAIN, 128, 0, 0)
+    assert ptxas_diff.kernels(report) == {MASKED: (168, 32, 60), PLAIN: (128, 0, 0)}
+
+
+def test_differences_are_named_and_counted(capsys):
+    a = entry(MASKED, 168, 50, 116) + entry(PLAIN, 128, 0, 0)
+    b = entry(MASKED, 168, 46, 84) + SERIALIZED + entry(PLAIN, 128, 0, 0) + entry("_Z1kv", 32, 0, 0)
+    assert ptxas_diff.report([a, b]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert any(
+        "flash_forward_sm90_ws_kernel" in line
+        and line.endswith("registers 168 -> 168, spill stores 50 -> 46, loads 116 -> 84 bytes")
+        for line in lines
+    )
+    assert any(line.startswith("only in B: ") and "32 registers" in line for line in lines)
+    assert any(line.startswith("B: ptxas serialized every wgmma of ") for line in lines)
+    assert lines[-1] == "2 kernels in A, 3 in B: 2 differ, 1 serialized"
+
+
+def test_the_same_report_is_the_same(capsys):
+    a = entry(MASKED, 168, 50, 116) + entry(PLAIN, 128, 0, 0)
+    assert ptxas_diff.report([a, a]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "2 kernels in A, 2 in B: 0 differ, 0 serialized"
+    ]
+
+
+def test_bad_input_gets_one_line(tmp_path, monkeypatch):
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(ROOT), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"ptxas_diff.py: {tmp_path}: not a checkout of this project "
+        "(no fixed/csrc/kernels/flash_backward_sm90.cuh)"
+    )
+    monkeypatch.setattr(ptxas_diff.shutil, "which", lambda _: None)
+    with pytest.raises(ptxas_diff.Failure, match=r"^nvcc is not on PATH"):
+        ptxas_diff.compile_both([ROOT, ROOT], timeout=1)
+    with pytest.raises(ptxas_diff.Failure, match="ptxas reported no sm_90a kernels"):
+        ptxas_diff.report(["", entry(PLAIN, 128, 0, 0)])
