@@ -64,33 +64,36 @@ def compile_both(checkouts: list[Path], timeout: float) -> list[str]:
         raise Failure("nvcc is not on PATH: install the CUDA toolkit or put it on PATH")
     with tempfile.TemporaryDirectory() as scratch:
         runs = []
-        for n, path in enumerate(checkouts):
-            check = builders.CudaCheck(path / ROOT_HEADER, "sm_90a")
-            command = [
-                *builders.nvcc_command(nvcc, check),
-                "-Xptxas",
-                "-v",
-                "-o",
-                f"{scratch}/{n}.o",
-            ]
-            runs.append(
-                subprocess.Popen(
-                    command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        try:
+            for n, path in enumerate(checkouts):
+                check = builders.CudaCheck(path / ROOT_HEADER, "sm_90a")
+                command = [*builders.nvcc_command(nvcc, check), "-Xptxas", "-v"]
+                runs.append(
+                    subprocess.Popen(
+                        [*command, "-o", f"{scratch}/{n}.o"],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
                 )
-            )
-        outputs = []
-        for path, run in zip(checkouts, runs, strict=True):
-            try:
-                output, _ = run.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for other in runs:
-                    other.kill()
-                raise Failure(f"{path}: nvcc ran past {timeout:.0f} s") from None
-            if run.returncode != 0:
-                errors = [line for line in output.splitlines() if "error" in line] or ["?"]
-                raise Failure(f"{path}: nvcc failed: {errors[0].strip()}")
-            outputs.append(output)
-    return outputs
+            return [finished(path, run, timeout) for path, run in zip(checkouts, runs, strict=True)]
+        finally:
+            for run in runs:  # the other compile, where one failed
+                run.kill()
+                run.wait()
+
+
+def finished(path: Path, run: subprocess.Popen, timeout: float) -> str:
+    """A compile's output once it ends, or Failure in one line."""
+    try:
+        output, _ = run.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise Failure(f"{path}: nvcc ran past {timeout:.0f} s") from None
+    if run.returncode != 0:
+        lines = [line for line in output.splitlines() if "error" in line] or output.splitlines()
+        first = lines[0].strip() if lines else f"exit status {run.returncode}"
+        raise Failure(f"{path}: nvcc failed: {first}")
+    return output
 
 
 def describe(resources: tuple[int, int, int]) -> str:

@@ -85,3 +85,19 @@ def test_bad_input_gets_one_line(tmp_path, monkeypatch):
         ptxas_diff.compile_both([ROOT, ROOT], timeout=1)
     with pytest.raises(ptxas_diff.Failure, match="ptxas reported no sm_90a kernels"):
         ptxas_diff.report(["", entry(PLAIN, 128, 0, 0)])
+
+
+def test_a_failed_compile_gets_one_line(tmp_path, monkeypatch):
+    """nvcc's first error line, after the checkout, and the other compile stopped."""
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(
+        "#!/bin/sh\necho 'kernel.cu(3): error: identifier \"x\" is undefined'\nexit 1\n"
+    )
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(ptxas_diff.shutil, "which", lambda _: str(nvcc))
+    monkeypatch.setattr(ptxas_diff.builders, "_torch_nvcc_flags", lambda: [])
+    with pytest.raises(ptxas_diff.Failure) as failure:
+        ptxas_diff.compile_both([ROOT, ROOT], timeout=60)
+    assert str(failure.value) == (
+        f'{ROOT}: nvcc failed: kernel.cu(3): error: identifier "x" is undefined'
+    )
