@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ab import Failure  # perf/ab.py: a script's own directory is on sys.path
+
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))  # this checkout's kata: the flags of its compile check
 from kata.toolchain import builders  # noqa: E402
@@ -29,10 +31,6 @@ ROOT_HEADER = Path("fixed/csrc/kernels/flash_backward_sm90.cuh")
 ENTRY = re.compile(r"Compiling entry function '([^']+)' for 'sm_90a'")
 SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 REGISTERS = re.compile(r"Used (\d+) registers")
-
-
-class Failure(Exception):
-    """Bad input or a failed compile: one line."""
 
 
 def kernels(output: str) -> dict[str, tuple[int, int, int]]:
