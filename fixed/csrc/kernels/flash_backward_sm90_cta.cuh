@@ -220,7 +220,11 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
         word = (4 * j) % 32 == 0 ? drawn : word | drawn;  // a word's first tiles start it
       }
     };
-    uint32_t kept[kKeptWords] = {};
+    uint32_t kept[kKeptWords];  // every element kept (and keep_scale 1) without dropout
+#pragma unroll
+    for (uint32_t& word : kept) {
+      word = ~0u;
+    }
     if (has_dropout && m0 < L) {
       draw_keep_bits(m0, kept);
     }
@@ -307,29 +311,51 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       for (int h = 0; h < 2; ++h) {
         zero_below[h] = past_s[h] ? (1 << 30) : diagonal ? g + 8 * h - diag - 2 * t : -(1 << 30);
       }
+      // with_mask: whether the block reads mask entries (a zero block's would add
+      // fmaf(0, log2 e, x) = x: the same P), a run-time bool or a constant.
+      const auto probabilities = [&](auto with_mask) {
 #pragma unroll
-      for (int j = 0; j < kQTiles; ++j) {
-        const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * j + 2 * t) * 4);
+        for (int j = 0; j < kQTiles; ++j) {
+          const float2 lse2 = ld_shared_f32x2(lse_buf + (8 * j + 2 * t) * 4);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float row_lse = (e & 1) ? lse2.y : lse2.x;
-          float exponent = -row_lse;
-          if (masked) {  // fmaf(0, log2 e, x) is x: a zero block's P is the same
-            if constexpr (kNarrowMask && !kPrefetch) {
-              if (j % 2 == 0 && e == 0) {
-                mask_fragment_pairs<T>(pair_base, j, pairs);
+          for (int e = 0; e < 4; ++e) {
+            const float row_lse = (e & 1) ? lse2.y : lse2.x;
+            float exponent = -row_lse;
+            if (with_mask) {
+              if constexpr (kNarrowMask && !kPrefetch) {
+                if (j % 2 == 0 && e == 0) {
+                  mask_fragment_pairs<T>(pair_base, j, pairs);
+                }
               }
+              const float entry = kPrefetch      ? bias[4 * j + e]
+                                  : kNarrowMask ? pairs[4 * (j % 2) + e]
+                                                : mask_at(j, e);
+              exponent = fmaf(entry, kLog2e, exponent);
             }
-            const float entry = kPrefetch      ? bias[4 * j + e]
-                                : kNarrowMask ? pairs[4 * (j % 2) + e]
-                                              : mask_at(j, e);
-            exponent = fmaf(entry, kLog2e, exponent);
+            s[4 * j + e] = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
           }
-          float prob = exp2_approx(fmaf(s[4 * j + e], scale_log2, exponent));
-          if (8 * j + (e & 1) < zero_below[e >> 1]) {
-            prob = 0.f;  // query before key, or key past S
+        }
+      };
+      // At D = 64 the loop is compiled twice, with and without the entries: tested per element,
+      // `masked` cost three instructions an element, a branch among them, in the instances with
+      // SDPA's arguments (192 a block, also where only dropout is on; perf/NOTES.md v46). At
+      // D = 128 the entries are in registers and the test is predicated; two loops there spilled
+      // 32 to 90 bytes more (ptxas).
+      if constexpr (kPrefetch) {
+        probabilities(masked);
+      } else if (kArgs != kNoArgs && masked) {  // uniform
+        probabilities(std::true_type{});
+      } else {
+        probabilities(std::false_type{});
+      }
+      // The zeros, where this warp has any: on the diagonal, or with keys past S (the last key
+      // block). Elsewhere the compares are skipped: two instructions an element (v46).
+      if (diagonal || n0 + key_row0 + 15 >= S) {  // uniform over the warp
+#pragma unroll
+        for (int i = 0; i < kQTiles * 4; ++i) {
+          if (8 * (i / 4) + (i & 1) < zero_below[(i % 4) >> 1]) {
+            s[i] = 0.f;  // query before key, or key past S
           }
-          s[4 * j + e] = prob;
         }
       }
       // The warp's part of the mask tile is free: its entries of the next block, whose copies
@@ -341,9 +367,15 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
                                         lane);
       }
       cp_async_commit();
-      // Z_i of element i: 1 without dropout.
+      // Z_i of element i: 1 without dropout (every bit set, keep_scale 1), so that the
+      // instances with dropout multiply by it without a select on has_dropout per element (64
+      // instructions a block at D = 64; perf/NOTES.md v46).
       const auto factor = [&](int i) {
-        return !has_dropout ? 1.f : (kept[i / 32] >> (i % 32)) & 1u ? keep_scale : 0.f;
+        if constexpr (kArgs != kMaskAndDropout) {
+          return 1.f;
+        } else {
+          return (kept[i / 32] >> (i % 32)) & 1u ? keep_scale : 0.f;
+        }
       };
       // P^T's A fragments (queries 16 kk .. + 15 per k-step), Z applied.
       uint32_t p_frag[kQSteps][4];

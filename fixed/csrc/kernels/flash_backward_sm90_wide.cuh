@@ -222,7 +222,7 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
           bias[i] = query < L && key < S ? mask_value<T>(p, mask_b, query, key) : 0.f;
         }
       }
-      uint32_t kept = 0u;  // bit i: element s[i] kept
+      uint32_t kept = ~0u;  // bit i: element s[i] kept (all of them without dropout)
       if (has_dropout) {  // tiles 2 and 3 are 16 rows (8 block rows) after tiles 0 and 1
         const uint64_t counter = dropout::block_counter(b, m0 + query0 + 8 * (slot >> 1) + 2 * t,
                                                         n0 + key_row0 + g + 8 * (slot & 1), L, S);
@@ -232,8 +232,12 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
                                                              slot)
                    << 8;
       }
-      const auto factor = [&](int i) {  // Z of element i: 1 without dropout
-        return !has_dropout ? 1.f : (kept >> i) & 1u ? keep_scale : 0.f;
+      const auto factor = [&](int i) {  // Z of element i: 1 without dropout (keep_scale 1)
+        if constexpr (kArgs != kMaskAndDropout) {
+          return 1.f;
+        } else {
+          return (kept >> i) & 1u ? keep_scale : 0.f;
+        }
       };
       wgmma_wait_group<1>();  // S^T has landed; dP^T may still be in flight
       wgmma_fence_operands(s);

@@ -390,11 +390,18 @@ __device__ __forceinline__ uint32_t dropout_keep_bits_at(const AttentionProblem&
                                                          uint64_t counter, int slot) {
   constexpr bool kKeys = kPair == DropoutPair::kAlongKeys;
   const dropout::Words drawn = dropout::counter_words(p.dropout_seed, counter);
+  // A half u is kept (u >= T) exactly when u 2^16 + anything below 2^16 exceeds T 2^16 - 1: the
+  // high half compared as the whole word, the low one shifted up, both against one limit (before:
+  // a mask for the low half, a shift for the high one; with T kept for the low half beside the
+  // limit, the forward's dropout instances spilled more, ptxas; perf/NOTES.md v46). T >= 1
+  // (callers draw only for p > 0); at T = 2^16 the limit wraps to 0xFFFFFFFF: none kept, as
+  // u >= 2^16 would.
+  const uint32_t limit = (keep_threshold << 16) - 1u;
   uint32_t own = 0;  // the drawn block's byte
 #pragma unroll
   for (int word = 0; word < 4; ++word) {
-    own |= (dropout::kept(drawn.w[word] & 0xFFFFu, keep_threshold) ? 1u : 0u) << (2 * word);
-    own |= (dropout::kept(drawn.w[word] >> 16, keep_threshold) ? 1u : 0u) << (2 * word + 1);
+    own |= (drawn.w[word] << 16 > limit ? 1u : 0u) << (2 * word);
+    own |= (drawn.w[word] > limit ? 1u : 0u) << (2 * word + 1);
   }
   // Byte d of {pair01, pair23} (permute indices 0, 1, 4, 5) is block slot ^ d's, from the lane
   // d slots away; the selector puts block k's in byte k: index(k ^ slot) = index(k) ^
