@@ -219,13 +219,15 @@ def test_dropout_zero_is_no_dropout(rng):
         assert torch.equal(a, b), f"dropout_p=0 changes {name} {rng}"
 
 
-def test_dropout_one_gives_zeros_without_nan(rng):
-    """Every probability dropped: output 0 and gradients 0 (not 0·inf = NaN from 1/(1-p))."""
+@pytest.mark.parametrize("p", [1.0, 1 - 2**-17])
+def test_dropout_one_gives_zeros_without_nan(rng, p):
+    """Every probability dropped: output 0 and gradients 0 (not 0·inf = NaN from 1/(1-p)). At
+    p = 1 - 2^-17 no 16-bit uniform reaches p: nothing kept either."""
     q, k, v = leaves(*rng.qkv((2, 3, 6, 8), (2, 3, 9, 8), (2, 3, 9, 4)))
-    out = fixed.fast_attention(q, k, v, dropout_p=1.0)
+    out = fixed.fast_attention(q, k, v, dropout_p=p)
     out.backward(rng.randn(*out.shape))
     for name, t in (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
-        assert torch.equal(t, torch.zeros_like(t)), f"dropout_p=1: {name} is not 0 {rng}"
+        assert torch.equal(t, torch.zeros_like(t)), f"dropout_p={p}: {name} is not 0 {rng}"
 
 
 @pytest.mark.parametrize("p", [0.2, 0.6])

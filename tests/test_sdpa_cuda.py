@@ -263,6 +263,23 @@ def test_dropout_reproducible_and_p_one(fixed, rng):
         assert torch.equal(t, torch.zeros_like(t)), "dropout_p=1 must give zeros, no NaN"
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dropout_past_every_uniform_keeps_nothing(fixed, rng, head_dim):
+    """p in (1 - 2^-16, 1): no 16-bit uniform reaches it, so the tensor-core kernels keep nothing
+    (their threshold is 2^16 there, and the compare's limit T 2^16 - 1 wraps to 0xFFFFFFFF,
+    flash_common.cuh): zeros, never a value scaled by 1 / (1 - p) = 2^17."""
+    q, k, v = (
+        rng.randn(2, 4, n, head_dim, dtype=torch.float32).cuda().bfloat16() for n in (130, 200, 200)
+    )
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = fixed.fast_attention(*leaves, dropout_p=1 - 2**-17)
+    out.backward(torch.randn_like(out))
+    for name, t in zip(
+        ("out", "dq", "dk", "dv"), (out, *(leaf.grad for leaf in leaves)), strict=True
+    ):
+        assert torch.equal(t, torch.zeros_like(t)), f"D={head_dim}: {name} is not 0 {rng}"
+
+
 def test_dropout_under_graph_capture_raises(fixed, rng):
     q = rng.randn(2, 3, 16, 32, dtype=torch.float32).cuda().half()
     fixed.fast_attention(q, q, q, dropout_p=0.0)  # warm up
