@@ -113,9 +113,10 @@ CASES = [
     ("none", 0.25, 128, 128, H, True),
     ("none", 0.1, 64, 64, 2, True),
     ("none", 0.5, 96, 96, H, True),
-    # Ev <= 64 under E <= 128, no mask or dropout: the Hopper forward's tile with P V at 64
-    # columns (flash_forward_sm90_ws.cuh's Tile128Ev64), under GQA and causal.
+    # Ev <= 64 under E <= 128, no mask or dropout: the Hopper forward's tiles with P V at 64
+    # columns (flash_forward_sm90_ws.cuh's Tile128Ev64, causal; Tile128Ev64Wide), under GQA.
     ("none", 0.0, 128, 64, 2, True),
+    ("none", 0.0, 128, 64, 2, False),
     # Head dims over 128: the half-precision kernels at 256 (the forward as they are on Hopper,
     # padded to 256 elsewhere and for the transposed mask).
     ("bool (B, 1, L, S)", 0.2, 256, 256, 2, False),

@@ -345,11 +345,11 @@ def test_hopper_images_hold_the_wgmma_forward(fixed):
     # Both: 2 dtypes x 3 head dims (64, 128, 256) x 3 sets of SDPA arguments (flash_common.cuh's
     # ScoreArgs); the warp-specialized one with its TMA loads, its two sets with a mask once
     # more with the mask in the inputs' dtype (the tiling's MaskEntry), and per dtype the tiles
-    # under head dim 128 without arguments with V at 64 columns (Tile128Ev64) and with 176-key
-    # blocks (Tile128Wide).
+    # under head dim 128 without arguments with V at 64 columns (Tile128Ev64, and in 176-key
+    # blocks Tile128Ev64Wide) and with 176-key blocks (Tile128Wide).
     for kernel, count, instructions in (
         (SM90_ARGS_KERNEL, 18, ("HGMMA",)),
-        (SM90_KERNEL, 34, ("HGMMA", "UTMALDG", "SYNCS")),
+        (SM90_KERNEL, 36, ("HGMMA", "UTMALDG", "SYNCS")),
     ):
         functions = [part for part in parts if kernel in part[:300]]
         assert len(functions) == count, f"expected {kernel} x {count}: {len(functions)}"
@@ -382,6 +382,13 @@ SANITIZER_SCRIPT = textwrap.dedent(
             torch.randn(2, n, head_dim, generator=generator).to("cuda", dtype)
             for n in (len_q, len_kv, len_kv)
         )
+        fixed.fast_attention(q, k, v, is_causal=causal)
+    # V at 64 columns under head dim 128: 176-key blocks (both stages, a tail), and causal.
+    q, k = (
+        torch.randn(2, n, 128, generator=generator).to("cuda", torch.bfloat16) for n in (200, 600)
+    )
+    v = torch.randn(2, 600, 64, generator=generator).to("cuda", torch.bfloat16)
+    for causal in (False, True):
         fixed.fast_attention(q, k, v, is_causal=causal)
     # SDPA's arguments in the same kernel: GQA with a mask that hides whole blocks (skipped) and
     # a tail in every dimension; a key padding mask (one row, broadcast) with dropout.

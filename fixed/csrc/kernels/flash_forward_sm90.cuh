@@ -429,6 +429,8 @@ auto with_ws_tiles(const AttentionProblem& p, const Visit& visit) {
   namespace ws = sm90_ws;
   const int64_t widest = p.head_dim > value_dim(p) ? p.head_dim : value_dim(p);
   return widest <= 64 ? visit(TileChoice<ws::Tile64, ws::Tile64Args>{})
+         : widest <= 128 && value_dim(p) <= 64 && !p.causal
+             ? visit(TileChoice<ws::Tile128Ev64Wide, ws::Tile128Args>{})
          : widest <= 128 && value_dim(p) <= 64
              ? visit(TileChoice<ws::Tile128Ev64, ws::Tile128Args>{})
          : widest <= 128 && !p.causal ? visit(TileChoice<ws::Tile128Wide, ws::Tile128Args>{})

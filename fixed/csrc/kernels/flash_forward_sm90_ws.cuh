@@ -267,8 +267,10 @@ using Tile128 = Tile<128, 128, 3, true>;
 using Tile64Args = Tile<64, 128, 2, false, 2>;
 using Tile128Args = Tile<128, 128, 2, true, 1>;
 // Ev <= 64 under 64 < E <= 128 (the bench's Ev = D / 2 at D = 128), without a mask or
-// dropout: P V at 64 columns, not 128 of which half are zeros (perf/NOTES.md, v34).
+// dropout: P V at 64 columns, not 128 of which half are zeros (perf/NOTES.md, v34); without
+// causality in key blocks of 176 as Tile128Wide (two stages, 168 KB; v47).
 using Tile128Ev64 = Tile<128, 128, 3, true, 0, 2, float, 64>;
+using Tile128Ev64Wide = Tile<128, 176, 2, true, 0, 2, float, 64>;
 // 64 < E <= 128 without causality, a mask or dropout: key blocks of 176 (FlashAttention-3's),
 // two stages (214 KB): fewer softmax steps and barrier rounds per key (perf/NOTES.md, v35).
 using Tile128Wide = Tile<128, 176, 2, true>;
