@@ -1,8 +1,8 @@
 // The forward for Hopper, warp-specialized (FlashAttention-3's structure; perf/NOTES.md, v20,
 // v21): bf16/fp16, causal or not, GQA, an additive mask (loaded by TMA; blocks it hides
 // skipped) and dropout; head dims E and Ev up to 256, multiples of 8, computed at D = 64, 128 or
-// 256 (V and O at 64 where Ev <= 64 < E <= 128, without a mask or dropout: Tile128Ev64):
-// the TMA loads fill the columns past E (Q, K) and Ev (V) with zeros, which add nothing to
+// 256 (V and O at 64 where Ev <= 64 < E <= 128, without a mask or dropout: Tile128Ev64 and
+// Tile128Ev64Wide): the TMA loads fill the columns past E (Q, K) and Ev (V) with zeros, which add nothing to
 // Q K^T and give output columns the kernel does not write. No padded copies. A TMA producer
 // warp, two or three consumer warpgroups with setmaxnreg, softmax under the next P V, ping-pong
 // at D = 128, one persistent CTA per SM: the CTA is flash_forward_sm90_ws_cta.cuh, the SDPA
