@@ -4,10 +4,14 @@ nvcc compiles each checkout's sm_90a root, fixed/csrc/kernels/flash_backward_sm9
 tensor-core kernel, forward and backward, as `python -m kata check-cuda` compiles it), with
 ptxas's -v, both at once. From the repository root of any checkout:
 
-    python perf/ptxas_diff.py A_DIR B_DIR
+    python perf/ptxas_diff.py A_DIR B_DIR [--sass [CUOBJDUMP]]
 
 Prints each kernel whose registers or spill bytes differ (A -> B), each that only one checkout
-has, and each whose wgmma ptxas serialized, then a count. About two minutes on two cores.
+has, and each whose wgmma ptxas serialized, then a count. With --sass, cuobjdump also reads both
+objects' SASS: a kernel whose instructions differ is named with its instruction counts and the
+opcodes whose counts moved most, and the count line says how many kernels kept the same SASS
+(instruction for instruction: the check that a change left a kernel as it was; v46). cuobjdump
+is found on PATH or beside nvcc unless given. About two minutes on two cores.
 Exit status 0: the same; 1: some kernel differs or is serialized; 2: bad input or a failed
 compile (one line)."""
 
@@ -19,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from ab import Failure  # perf/ab.py: a script's own directory is on sys.path
@@ -31,6 +36,9 @@ ROOT_HEADER = Path("fixed/csrc/kernels/flash_backward_sm90.cuh")
 ENTRY = re.compile(r"Compiling entry function '([^']+)' for 'sm_90a'")
 SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 REGISTERS = re.compile(r"Used (\d+) registers")
+FUNCTION = re.compile(r"^\s+Function : (\S+)")  # cuobjdump -sass: a kernel's section
+INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")  # /*addr*/ instruction ;
+PREDICATE = re.compile(r"^@!?U?P\w+\s+")
 
 
 def kernels(output: str) -> dict[str, tuple[int, int, int]]:
@@ -48,6 +56,65 @@ def kernels(output: str) -> dict[str, tuple[int, int, int]]:
     return found
 
 
+def sass_functions(text: str) -> dict[str, list[str]]:
+    """cuobjdump -sass's kernels: mangled name -> its instructions, without addresses and
+    encodings (so that two kernels compare instruction for instruction)."""
+    found: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if match := FUNCTION.match(line):
+            current = found.setdefault(match.group(1), [])
+        elif current is not None and (match := INSTRUCTION.match(line)):
+            current.append(match.group(1))
+    return found
+
+
+def opcode(instruction: str) -> str:
+    """An instruction's opcode without its predicate and modifiers: FSEL, IMAD, HGMMA, ..."""
+    return PREDICATE.sub("", instruction).split()[0].split(".")[0]
+
+
+def sass_change(a: list[str], b: list[str], shown: int = 6) -> str:
+    """Two versions of a kernel: instruction counts, and the opcodes whose counts moved most."""
+    before, after = Counter(map(opcode, a)), Counter(map(opcode, b))
+    moved = sorted(
+        (name for name in before | after if before[name] != after[name]),
+        key=lambda name: (-abs(after[name] - before[name]), name),
+    )
+    detail = ", ".join(f"{name} {before[name]} -> {after[name]}" for name in moved[:shown])
+    return f"SASS {len(a)} -> {len(b)} instructions" + (f" ({detail})" if detail else "")
+
+
+def find_cuobjdump(given: str) -> str:
+    """cuobjdump: `given`, else the one on PATH, else the one beside nvcc."""
+    if given:
+        if not Path(given).is_file():
+            raise Failure(f"{given}: no such cuobjdump")
+        return given
+    nvcc = shutil.which("nvcc")
+    for candidate in (shutil.which("cuobjdump"), nvcc and str(Path(nvcc).with_name("cuobjdump"))):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise Failure("cuobjdump is not on PATH nor beside nvcc: give it, --sass PATH")
+
+
+def disassemble(cuobjdump: str, objects: list[str], timeout: float) -> list[str]:
+    """cuobjdump -sass of each object, or Failure in one line."""
+    texts = []
+    for obj in objects:
+        try:
+            run = subprocess.run(
+                [cuobjdump, "-sass", obj], capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            raise Failure(f"cuobjdump ran past {timeout:.0f} s") from None
+        if run.returncode != 0 or not sass_functions(run.stdout):
+            lines = (run.stderr or run.stdout).strip().splitlines()
+            raise Failure(f"cuobjdump read no SASS: {lines[0] if lines else run.returncode}")
+        texts.append(run.stdout)
+    return texts
+
+
 def checkout(directory: str) -> Path:
     path = Path(directory).resolve()
     if not (path / ROOT_HEADER).is_file():
@@ -55,8 +122,11 @@ def checkout(directory: str) -> Path:
     return path
 
 
-def compile_both(checkouts: list[Path], timeout: float) -> list[str]:
-    """ptxas's report for each checkout's root, the compiles side by side."""
+def compile_both(
+    checkouts: list[Path], timeout: float, cuobjdump: str | None = None
+) -> tuple[list[str], list[str] | None]:
+    """ptxas's report for each checkout's root, the compiles side by side; with `cuobjdump`,
+    also each object's SASS (else None)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise Failure("nvcc is not on PATH: install the CUDA toolkit or put it on PATH")
@@ -74,7 +144,11 @@ def compile_both(checkouts: list[Path], timeout: float) -> list[str]:
                         text=True,
                     )
                 )
-            return [finished(path, run, timeout) for path, run in zip(checkouts, runs, strict=True)]
+            outputs = [
+                finished(path, run, timeout) for path, run in zip(checkouts, runs, strict=True)
+            ]
+            objects = [f"{scratch}/{n}.o" for n in range(len(checkouts))]
+            return outputs, disassemble(cuobjdump, objects, timeout) if cuobjdump else None
         finally:
             for run in runs:  # the other compile, where one failed
                 run.kill()
@@ -99,31 +173,42 @@ def describe(resources: tuple[int, int, int]) -> str:
     return f"{registers} registers, spills {stores}/{loads} bytes (stores/loads)"
 
 
-def report(outputs: list[str]) -> int:
-    """The differences between the two reports, printed; the exit status."""
+def report(outputs: list[str], sass: list[str] | None = None) -> int:
+    """The differences between the two reports (and SASS, where given), printed; the exit
+    status."""
     a, b = (kernels(output) for output in outputs)
     if not a or not b:
         raise Failure("ptxas reported no sm_90a kernels (its -v output changed?)")
-    differ = 0
+    code_a, code_b = (sass_functions(text) for text in sass) if sass else ({}, {})
+    differ = same_code = 0
     for name in sorted(a.keys() | b.keys()):
         if name not in b or name not in a:
             only, resources = ("A", a[name]) if name in a else ("B", b[name])
             print(f"only in {only}: {builders.kernel_name(name)}: {describe(resources)}")
-        elif a[name] != b[name]:
-            (ra, sa, la), (rb, sb, lb) = a[name], b[name]
-            print(
-                f"{builders.kernel_name(name)}: registers {ra} -> {rb}, spill stores "
-                f"{sa} -> {sb}, loads {la} -> {lb} bytes"
-            )
-        else:
+            differ += 1
             continue
-        differ += 1
+        changes = []
+        if a[name] != b[name]:
+            (ra, sa, la), (rb, sb, lb) = a[name], b[name]
+            changes.append(
+                f"registers {ra} -> {rb}, spill stores {sa} -> {sb}, loads {la} -> {lb} bytes"
+            )
+        if sass:
+            if code_a.get(name) == code_b.get(name):
+                same_code += 1
+            else:
+                changes.append(sass_change(code_a.get(name, []), code_b.get(name, [])))
+        if changes:
+            print(f"{builders.kernel_name(name)}: " + "; ".join(changes))
+            differ += 1
     serialized = 0
     for label, output in zip("AB", outputs, strict=True):
         for line in builders.serialized_wgmma(output):
             print(f"{label}: {line}")
             serialized += 1
-    print(f"{len(a)} kernels in A, {len(b)} in B: {differ} differ, {serialized} serialized")
+    common = len(a.keys() & b.keys())
+    summary = f"{len(a)} kernels in A, {len(b)} in B: {differ} differ, {serialized} serialized"
+    print(summary + (f"; SASS the same in {same_code} of {common}" if sass else ""))
     return 1 if differ or serialized else 0
 
 
@@ -132,9 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("a", metavar="A_DIR", help="checkout A (the baseline)")
     parser.add_argument("b", metavar="B_DIR", help="checkout B (the change)")
     parser.add_argument("--timeout", type=float, default=builders.COMPILER_TIMEOUT_S)
+    parser.add_argument(
+        "--sass",
+        nargs="?",
+        const="",
+        metavar="CUOBJDUMP",
+        help="also compare the kernels' SASS (cuobjdump: on PATH or beside nvcc if not given)",
+    )
     args = parser.parse_args(argv)
     try:
-        return report(compile_both([checkout(args.a), checkout(args.b)], args.timeout))
+        checkouts = [checkout(args.a), checkout(args.b)]
+        cuobjdump = find_cuobjdump(args.sass) if args.sass is not None else None
+        return report(*compile_both(checkouts, args.timeout, cuobjdump))
     except Failure as failure:
         print(f"ptxas_diff.py: {failure}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """perf/ptxas_diff.py, registers and spills of the tensor-core kernels in two checkouts: ptxas's
 -v report is read per kernel, differences, kernels in one checkout only and serialized wgmma are
-named, and bad input gets one line. On canned ptxas output (nvcc 13.0's text): the real compile
-takes minutes."""
+named, and bad input gets one line; with --sass, cuobjdump's SASS is compared instruction for
+instruction. On canned ptxas and cuobjdump output (nvcc 13.0's text): the real compile takes
+minutes."""
 
 from __future__ import annotations
 
@@ -105,3 +106,60 @@ def test_a_failed_compile_gets_one_line(tmp_path, monkeypatch):
     assert str(failure.value) == (
         f'{ROOT}: nvcc failed: kernel.cu(3): error: identifier "x" is undefined'
     )
+
+
+def function(name: str, *instructions: str) -> str:
+    """One kernel as cuobjdump -sass prints it (addresses and encodings that compare as noise)."""
+    lines = [f"\t\tFunction : {name}", '\t.headerflags\t@"EF_CUDA_SM90"']
+    for n, instruction in enumerate(instructions):
+        encoding = f"0x{7 * n + 3:016x}"
+        lines.append(
+            f"        /*{16 * n:04x}*/                   {instruction} ;  /* {encoding} */"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def test_sass_is_read_per_kernel():
+    text = function(PLAIN, "FSEL R2, R3, RZ, P0", "@!P1 BRA 0x40") + function(MASKED, "EXIT")
+    assert ptxas_diff.sass_functions(text) == {
+        PLAIN: ["FSEL R2, R3, RZ, P0", "@!P1 BRA 0x40"],
+        MASKED: ["EXIT"],
+    }
+    assert [ptxas_diff.opcode(i) for i in ("@!UP2 IMAD.WIDE.U32 R4, R14, 0x3, RZ", "FSEL R1")] == [
+        "IMAD",
+        "FSEL",
+    ]
+
+
+def test_sass_differences_are_named_and_the_same_counted(capsys):
+    report = entry(MASKED, 168, 50, 116) + entry(PLAIN, 128, 0, 0)
+    kept = function(MASKED, "FFMA R1, R2, R3, R4", "EXIT")
+    a = kept + function(PLAIN, "FSEL R1, R2, RZ, P0", "FSEL R3, R4, RZ, P1", "FMUL R5, R1, R3")
+    b = kept + function(PLAIN, "FSEL R1, R2, RZ, P0", "FFMA R5, R1, R3, RZ")
+    assert ptxas_diff.report([report, report], [a, b]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "flash_forward_sm90_ws_kernel" in lines[0]
+    assert lines[0].endswith("SASS 3 -> 2 instructions (FFMA 0 -> 1, FMUL 1 -> 0, FSEL 2 -> 1)")
+    assert lines[1] == "2 kernels in A, 2 in B: 1 differ, 0 serialized; SASS the same in 1 of 2"
+    assert ptxas_diff.report([report, report], [a, a]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("SASS the same in 2 of 2")
+
+
+def test_cuobjdump_is_found_or_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(ptxas_diff.shutil, "which", lambda _: None)
+    with pytest.raises(ptxas_diff.Failure, match=r"^cuobjdump is not on PATH nor beside nvcc"):
+        ptxas_diff.find_cuobjdump("")
+    with pytest.raises(ptxas_diff.Failure, match=r"no such cuobjdump$"):
+        ptxas_diff.find_cuobjdump(str(tmp_path / "cuobjdump"))
+    nvcc = tmp_path / "nvcc"
+    (tmp_path / "cuobjdump").write_text(
+        "#!/bin/sh\necho 'cuobjdump fatal: not an ELF' >&2\nexit 1\n"
+    )
+    (tmp_path / "cuobjdump").chmod(0o755)
+    monkeypatch.setattr(
+        ptxas_diff.shutil, "which", lambda tool: str(nvcc) if tool == "nvcc" else None
+    )
+    found = ptxas_diff.find_cuobjdump("")
+    assert found == str(tmp_path / "cuobjdump")
+    with pytest.raises(ptxas_diff.Failure, match=r"^cuobjdump read no SASS: cuobjdump fatal"):
+        ptxas_diff.disassemble(found, [str(nvcc)], timeout=30)
