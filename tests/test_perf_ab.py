@@ -4,7 +4,6 @@ gets one line. On the CPU, with stand-ins for args_times.py that print fixed tim
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -15,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.perf_support import load_perf_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "perf" / "ab.py"
-_spec = importlib.util.spec_from_file_location("perf_ab", SCRIPT)
-ab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab)
+ab = load_perf_script("ab")
 
 # Two rows as args_times.py prints them.
 ROWS = (
@@ -105,10 +104,7 @@ def test_cold_reaches_every_run_and_the_report(tmp_path):
 
 def test_cold_input_sets_fill_four_l2_caches():
     """args_times.py --cold: enough sets for four L2 caches, never fewer than two."""
-    path = ROOT / "perf" / "args_times.py"
-    spec = importlib.util.spec_from_file_location("perf_args_times", path)
-    args_times = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(args_times)
+    args_times = load_perf_script("args_times")
     l2 = 60 * 2**20
     assert args_times.input_sets_for(16 * 2**20, l2) == 15  # 240 MiB over 16 MiB sets
     assert args_times.input_sets_for(67 * 2**20, l2) == 4

@@ -5,21 +5,16 @@ checkout's fixed/ and with stand-in fixed/ packages."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+from tests.perf_support import load_perf_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "perf" / "ab_bits.py"
-_spec = importlib.util.spec_from_file_location("perf_ab_bits", SCRIPT)
-ab_bits = importlib.util.module_from_spec(_spec)
-sys.path.insert(0, str(SCRIPT.parent))  # its `from ab import ...`, as when run as a script
-try:
-    _spec.loader.exec_module(ab_bits)
-finally:
-    sys.path.remove(str(SCRIPT.parent))
+ab_bits = load_perf_script("ab_bits")
 
 
 def stand_in(directory: Path, body: str) -> Path:

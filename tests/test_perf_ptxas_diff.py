@@ -6,22 +6,17 @@ minutes."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.perf_support import load_perf_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "perf" / "ptxas_diff.py"
-_spec = importlib.util.spec_from_file_location("perf_ptxas_diff", SCRIPT)
-ptxas_diff = importlib.util.module_from_spec(_spec)
-sys.path.insert(0, str(SCRIPT.parent))  # its `from ab import ...`, as when run as a script
-try:
-    _spec.loader.exec_module(ptxas_diff)
-finally:
-    sys.path.remove(str(SCRIPT.parent))
+ptxas_diff = load_perf_script("ptxas_diff")
 
 MASKED = "_ZN15fixed_attention7kernels5flash7sm90_ws28flash_forward_sm90_ws_kernelI13__nv_bfloat16NS2_4TileILi256ELi64ELi2ELb1ELi1ELi2EfLi256EEELi1EEEv14CUtensorMap_stS7_S7_S7_PT_PfNS0_16AttentionProblemEbNS2_9SplitTailE"  # noqa: E501
 PLAIN = "_ZN15fixed_attention7kernels5flash7sm90_ws28flash_forward_sm90_ws_kernelI13__nv_bfloat16NS2_4TileILi64ELi128ELi3ELb0ELi0ELi3EfLi64EEELi0EEEv14CUtensorMap_stS7_S7_S7_PT_PfNS0_16AttentionProblemEbNS2_9SplitTailE"  # noqa: E501
