@@ -44,6 +44,18 @@ def fixed_build():
     return module
 
 
+def copy_by_rename(source: Path, target: Path) -> None:
+    """target becomes a copy of source through a rename. A process that has the old target
+    loaded keeps its file: copying over it in place changes the pages under that process (a
+    test worker died of SIGSEGV when `place` ran beside it)."""
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        shutil.copyfile(source, partial)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def add_wheel_headers() -> None:
     """pip's CUDA wheels (nvidia/cu*/include, lib) after the toolkit's own, where present."""
     import torch
@@ -73,7 +85,7 @@ def main(argv: list[str]) -> None:
             add_wheel_headers()
             build._build("cuda", config, stamped)
         PORTABLE.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(stamped, portable)
+        copy_by_rename(stamped, portable)
         print(portable)
         return
     if argv[0] == "place":
@@ -83,7 +95,7 @@ def main(argv: list[str]) -> None:
                 f"{PORTABLE} (looked for {portable.name}): run build on a machine with them"
             )
         stamped.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(portable, stamped)
+        copy_by_rename(portable, stamped)
     print(stamped)
 
 
