@@ -4,6 +4,8 @@ probe, and the fixed/ extension; each build says in one line what is missing whe
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -99,6 +101,50 @@ def build_vendor_library(directory: Path, flavour: str | None = None, force=Fals
     library = directory / LIBRARY_NAME
     if not force and vendor_library_is_current(directory, flavour):
         return library
+    with _one_build_at_a_time(directory):
+        if not force and vendor_library_is_current(directory, flavour):
+            return library  # another process built it while this one waited
+        return _build_vendor_library(directory, flavour, library)
+
+
+@contextlib.contextmanager
+def _one_build_at_a_time(directory: Path):
+    """Hold a lock of this directory's vendor build. Two builds at once each stay atomic, but one
+    caller would return while the other's scratch directory still sits in `directory`, and a
+    copy of it made then fails when that scratch goes (pytest -n on a fresh GPU machine: the
+    fixture's copy of flawed/ failed so). The kernel drops the lock when its holder dies."""
+    digest = hashlib.sha256(str(directory).encode()).hexdigest()[:16]
+    path = BUILD_DIR / "locks" / f"vendor-{digest}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # another user's lock file: a read-only descriptor locks as well
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # nowhere to lock: the builds are still atomic one by one
+            yield
+            return
+    try:
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # the holder's compile is bounded (COMPILER_TIMEOUT_S)
+                if not said:
+                    print(
+                        f"kata: waiting for another build of {directory / LIBRARY_NAME}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    said = True
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _build_vendor_library(directory: Path, flavour: str, library: Path) -> Path:
     sources = _vendor_sources(directory, flavour)
     main_source = directory / sources[0]
     purpose = f"build {library}"
