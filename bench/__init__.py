@@ -36,7 +36,10 @@ FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·L·S·D, halve
 backward 2.5x the forward, so forward+backward 3.5x.
 
 Output: a table on stdout, every row in a JSON file (`--json`, default bench.json), and a chart
-of the LLM rows (`--png`, default beside the JSON) when matplotlib is installed.
+of the LLM rows (`--png`, default beside the JSON) when matplotlib is installed. A ratio marked
+`~` compares two rows whose batch medians spread more than 20% (slowest over fastest): one or two
+slow batches (2x, on an H200) moved a median there. `--table bench.json` prints a saved run's
+table again, with this version's marks, and times nothing.
 
 The modules: cases (sections, shapes, settings, rows and the float32 reference), backends (what is
 timed: flawed/, fixed/, SDPA and its backends; SDPA's refusals and kernel names; machine facts),

@@ -19,8 +19,15 @@ from bench.timing import Bench
 # -------------------------------------------------------------------------------------- main
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (no usage block), as in the kata's commands."""
+
+    def error(self, message: str):
+        self.exit(2, f"bench: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m kata bench",
         description="Time flawed/, fixed/ and torch's SDPA side by side: host overhead, the "
         "kata's shapes and LLM shapes (GPU). Prints a table and writes JSON (and a chart).",
@@ -36,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", type=Path, default=Path("bench.json"), help="where the rows go (bench.json)"
     )
     parser.add_argument("--png", type=Path, help="the chart (default: bench.png beside the JSON)")
+    parser.add_argument(
+        "--table",
+        type=Path,
+        metavar="JSON",
+        help="print the table of a run's JSON again, with this version's marks; times nothing",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
     parser.add_argument(
         "--budget",
@@ -68,7 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table_of(args.table, parser))
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     settings = make_settings(args, device)
     bench = Bench(settings)
@@ -96,6 +113,20 @@ def main(argv: list[str] | None = None) -> int:
         chart = f"no chart: {_first_line(error)}"
     print(f"\nrows: {args.json}; {chart}; took {bench.elapsed():.0f} s")
     return 0
+
+
+def table_of(path: Path, parser: argparse.ArgumentParser) -> str:
+    """The table of a bench.json written before; a file that is not one gets parser.error."""
+    try:
+        report = json.loads(path.read_text())
+    except OSError as error:
+        parser.error(f"--table: cannot read {path}: {error.strerror}")
+    except ValueError:
+        parser.error(f"--table: {path} is not JSON")
+    try:
+        return format_table(report)
+    except (KeyError, TypeError, IndexError, AttributeError):
+        parser.error(f"--table: {path} is not a bench.json (rows, machine and settings)")
 
 
 if __name__ == "__main__":

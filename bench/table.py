@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.cases import FWD, FWD_BWD, _groups
+from bench.cases import FWD, FWD_BWD, LLM_BARS, _groups
 
 # ------------------------------------------------------------------------------------ output
 
@@ -24,6 +24,26 @@ def _fmt_tflops(tflops: float) -> str:
 
 def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# A ratio whose two rows' batches disagree this much (slowest batch median over fastest) is
+# marked: one or two slow batches (seen at 2x on an H200, in fixed's rows and cuDNN's alike)
+# move a row's median, and the ratio then says more about the machine than the kernels.
+UNSTEADY_SPREAD = 1.2
+UNSTEADY_MARK = "~"
+UNSTEADY_NOTE = (
+    f"  {UNSTEADY_MARK} the two rows of this ratio had batch medians more than "
+    f"{UNSTEADY_SPREAD - 1:.0%} apart (slowest over fastest; each batch's in JSON): time it "
+    "again before reading a change in it"
+)
+
+
+def _unsteady(*rows: dict | None) -> bool:
+    for row in rows:
+        batches = (row or {}).get("batch_medians_ms") or []
+        if len(batches) > 1 and max(batches) > UNSTEADY_SPREAD * min(batches):
+            return True
+    return False
 
 
 class Footnotes:
@@ -176,18 +196,21 @@ def _args_table(rows, report) -> list[str]:
         f"  {'case':<12}{'D':>4}{'S':>6}  {'pass':<9}{'fixed':<21}{'SDPA default':<15}"
         f"{'default/fixed':<14}{'SDPA best':<24}best/fixed",
     ]
-    previous_seq = None
+    previous_seq, marked = None, False
     for group in _shown(rows):
         by_impl = {r["implementation"]: r for r in group}
         fixed, default, best = by_impl["fixed"], by_impl["sdpa"], by_impl["sdpa best"]
         tflops = f" ({_fmt_tflops(fixed['tflops'])})" if fixed["tflops"] else ""
         backend = f" {_BACKEND_NAMES.get(best['backend'], best['backend'])}"
+        to_default = _ratio(fixed["ratio_to_sdpa"], _unsteady(fixed, default))
+        to_best = _ratio(fixed["ratio_to_best"], _unsteady(fixed, best))
+        marked = marked or UNSTEADY_MARK in to_default + to_best
         cells = [
             f"{_args_cell(fixed, notes, tflops):<21}",
             f"{_args_cell(default, notes):<15}",
-            f"{_ratio(fixed['ratio_to_sdpa']):<14}",
+            f"{to_default:<14}",
             f"{_args_cell(best, notes, backend):<24}",
-            _ratio(fixed["ratio_to_best"]),
+            to_best,
         ]
         head = group[0]
         _, _, seq, dim = head["shape"]
@@ -195,7 +218,7 @@ def _args_table(rows, report) -> list[str]:
             lines.append("")
         previous_seq = seq
         lines.append(f"  {head['case']:<12}{dim:>4}{seq:>6}  {head['pass']:<9}" + "".join(cells))
-    return lines + notes.lines()
+    return lines + ([UNSTEADY_NOTE] if marked else []) + notes.lines()
 
 
 def _args_cell(row: dict, notes: Footnotes, suffix: str = "") -> str:
@@ -207,8 +230,10 @@ def _args_cell(row: dict, notes: Footnotes, suffix: str = "") -> str:
     return text if row["status"] == "ok" else f"{text} {notes.number(row['status'])}"
 
 
-def _ratio(ratio: float | None) -> str:
-    return f"{ratio:.2f}×" if ratio else "-"
+def _ratio(ratio: float | None, unsteady: bool = False) -> str:
+    if not ratio:
+        return "-"
+    return f"{ratio:.2f}×" + (UNSTEADY_MARK if unsteady else "")
 
 
 def _llm_tables(rows, report) -> list[str]:
@@ -217,7 +242,7 @@ def _llm_tables(rows, report) -> list[str]:
     batch, heads = rows[0]["shape"][:2]
     lines = [_llm_instrument(rows, report)]
     for pass_ in (FWD, FWD_BWD):
-        notes = Footnotes()
+        notes, marked = Footnotes(), False
         title = "forward" if pass_ == FWD else "forward+backward"
         lines += [
             f"LLM shapes: bfloat16 (B={batch}, H={heads}, S, D), {title}: TFLOP/s (ratio to "
@@ -245,15 +270,18 @@ def _llm_tables(rows, report) -> list[str]:
                     cells.append(f"{notes.mark(row['status']):<18}")
             flash_ms = by_impl["sdpa flash"]["median_ms"]
             to_cudnn = by_impl["fixed"].get("ratio_to_cudnn")
+            ratio = _ratio(to_cudnn, _unsteady(by_impl["fixed"], _cudnn_bar(by_impl)))
+            marked = marked or UNSTEADY_MARK in ratio
             _, _, seq, dim = group[0]["shape"]
             causal = "yes" if group[0]["causal"] else "no"
-            lines.append(
+            line = (
                 f"  {dim:>4} {causal:<7}{seq:>6}  "
                 + "".join(cells)
                 + f"{_fmt_ms(flash_ms) if flash_ms else '-':>10}"
-                + f"{f'{to_cudnn:.2f}×' if to_cudnn else '-':>13}"
+                + f"{f'{ratio:<6}':>14}"  # a mark past the column: the ratios stay aligned
             )
-        lines += [*notes.lines(), ""]
+            lines.append(line.rstrip())
+        lines += [*([UNSTEADY_NOTE] if marked else []), *notes.lines(), ""]
     families = {k: v for k, v in report["sdpa_kernels"].items() if k.startswith("llm")}
     if families:
         lines.append("SDPA default ran (torch.profiler, one call per family; all names in JSON):")
@@ -262,6 +290,12 @@ def _llm_tables(rows, report) -> list[str]:
             shown = _short(", ".join(names), 60)
             lines.append(f"  {family:<38} {_short(entry['backend'], 12):<12} {shown}")
     return lines
+
+
+def _cudnn_bar(by_impl: dict[str, dict]) -> dict | None:
+    """The row ratio_to_cudnn divided by: the faster timed one of its bars (cases.LLM_BARS)."""
+    timed = [by_impl[key] for key in LLM_BARS["ratio_to_cudnn"] if by_impl[key]["median_ms"]]
+    return min(timed, key=lambda row: row["median_ms"], default=None)
 
 
 def _llm_instrument(rows, report) -> str:
