@@ -42,7 +42,8 @@ HEADS = 16
 # name: (batch, seq, head dim, mask kind, dropout_p[, dtype: bf16 if absent]), grouped as --cases
 # takes them. Mask kinds:
 # "float", "bool" (tensors), "causal" (is_causal=True), None; "ev-half": no mask, V (and the
-# output) with half the head dim's columns (the bench's Ev = D / 2).
+# output) with half the head dim's columns (the bench's Ev = D / 2); "gqa", "gqa-causal": K and V
+# with a quarter of the heads (the bench's GQA 16:4), without or with is_causal.
 CASES = {
     "masks": {
         "float-64-2048": (4, 2048, 64, "float", 0.0),
@@ -68,6 +69,12 @@ CASES = {
         "ev-64": (4, 2048, 64, "ev-half", 0.0),
         "ev-128": (4, 2048, 128, "ev-half", 0.0),
         "ev-128-8192": (1, 8192, 128, "ev-half", 0.0),
+    },
+    "gqa": {
+        "gqa-64": (4, 2048, 64, "gqa", 0.0),
+        "gqa-128": (4, 2048, 128, "gqa", 0.0),
+        "gqa-128-8192": (1, 8192, 128, "gqa", 0.0),
+        "gqa-causal-128": (4, 2048, 128, "gqa-causal", 0.0),
     },
     "wide": {
         "wide-256": (4, 2048, 256, None, 0.0),
@@ -97,16 +104,22 @@ ROTATION_L2_CACHES = 4  # --cold: the input sets of a case fill at least this ma
 def inputs(batch, seq, dim, mask_kind, dtype=torch.bfloat16, seed=0):
     generator = torch.Generator(device="cuda").manual_seed(seed)
     value_dim = dim // 2 if mask_kind == "ev-half" else dim
+    kv_heads = HEADS // 4 if mask_kind in ("gqa", "gqa-causal") else HEADS
     q, k, v, grad = (
-        torch.randn(batch, HEADS, seq, width, device="cuda", dtype=dtype, generator=generator)
-        for width in (dim, dim, value_dim, value_dim)
+        torch.randn(batch, heads, seq, width, device="cuda", dtype=dtype, generator=generator)
+        for heads, width in (
+            (HEADS, dim),
+            (kv_heads, dim),
+            (kv_heads, value_dim),
+            (HEADS, value_dim),
+        )
     )
     mask = None
     if mask_kind == "float":  # the bench's: a bias per (query, key), shared by batch and heads
         mask = torch.randn(1, 1, seq, seq, device="cuda", dtype=dtype, generator=generator)
     elif mask_kind == "bool":  # the bench's: the causal mask as a tensor
         mask = torch.ones(seq, seq, dtype=torch.bool, device="cuda").tril()
-    elif mask_kind == "causal":
+    elif mask_kind in ("causal", "gqa-causal"):
         mask = "causal"  # calls() passes is_causal=True
     return [t.requires_grad_() for t in (q, k, v)], grad, mask
 
@@ -148,6 +161,8 @@ def calls(attention, q, k, v, grad, mask, dropout_p):
 
     causal = isinstance(mask, str)
     arguments = {"attn_mask": None if causal else mask, "dropout_p": dropout_p, "is_causal": causal}
+    if k.shape[1] != q.shape[1]:
+        arguments["enable_gqa"] = True
 
     def forward():
         with torch.no_grad():
