@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kata import FLAWED_DIR, REPO_ROOT
+from kata import FLAWED_DIR, REPO_ROOT, KataError
 from kata.toolchain import builders
 
 SLOW_COMPILE_S = 4
@@ -53,3 +53,17 @@ def test_a_build_in_progress_is_waited_for_not_run_beside(tmp_path, capfd):
         assert "kata: waiting for another build of" in capfd.readouterr().err
     finally:
         assert first.wait(timeout=60) == 0
+
+
+def test_a_lock_held_too_long_is_one_clear_error(tmp_path, monkeypatch, capfd):
+    """A holder stopped outright (not compiling) never lets go: the wait ends in one line."""
+    copy = tmp_path / "flawed"
+    shutil.copytree(FLAWED_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / builders.LIBRARY_NAME).unlink(missing_ok=True)
+    monkeypatch.setattr(builders, "COMPILER_TIMEOUT_S", -59.5)  # the wait's bound: 0.5 s
+    held_by_another = builders._one_build_at_a_time(copy.resolve())  # the stopped holder
+    expected = pytest.raises(KataError, match="another build of it held its lock")
+    with held_by_another, expected as raised:
+        builders.build_vendor_library(copy, "cpu")
+    assert "\n" not in str(raised.value) and "0.5 s" in str(raised.value)
+    assert "kata: waiting for another build of" in capfd.readouterr().err

@@ -125,12 +125,18 @@ def _one_build_at_a_time(directory: Path):
             yield
             return
     try:
-        said = False
+        # The holder's compile is bounded (COMPILER_TIMEOUT_S); a holder stopped outright is not.
+        deadline, said = time.monotonic() + COMPILER_TIMEOUT_S + 60, False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except BlockingIOError:  # the holder's compile is bounded (COMPILER_TIMEOUT_S)
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise KataError(
+                        f"cannot build {directory / LIBRARY_NAME}: another build of it held its "
+                        f"lock ({path}) for over {COMPILER_TIMEOUT_S + 60} s"
+                    ) from None
                 if not said:
                     print(
                         f"kata: waiting for another build of {directory / LIBRARY_NAME}",
