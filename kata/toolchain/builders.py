@@ -134,18 +134,19 @@ def _one_build_at_a_time(directory: Path):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise KataError(
-                        f"cannot build {directory / LIBRARY_NAME}: another build of it held its "
-                        f"lock ({path}) for over {COMPILER_TIMEOUT_S + 60} s"
-                    ) from None
-                if not said and time.monotonic() > started + 2:
+                now = time.monotonic()
+                if not said and now > started + 2:
                     print(
                         f"kata: waiting for another build of {directory / LIBRARY_NAME}",
                         file=sys.stderr,
                         flush=True,
                     )
                     said = True
+                if now > deadline:
+                    raise KataError(
+                        f"cannot build {directory / LIBRARY_NAME}: another build of it held its "
+                        f"lock ({path}) for over {COMPILER_TIMEOUT_S + 60} s"
+                    ) from None
                 time.sleep(0.1)
         yield
     finally:
