@@ -390,6 +390,13 @@ def test_gqa_runs_on_the_tensor_cores_and_sums_each_groups_gradients(fixed, seed
                     assert not names or any(kernel in name for name in names), (
                         f"{kernel} did not run: launched {names}; {where}"
                     )
+            if SM90_BACKWARD_KERNEL in expected:  # Hopper, head dim 64 or 128
+                # Without a causal mask each group's dK, dV is summed in the kernel, not after it.
+                summed = any("GroupSummingTile" in name for name in names)
+                with check:
+                    assert not names or summed != causal, (
+                        f"the group-summing backward ran: {summed}; {where}"
+                    )
             reference = gqa_reference(q, k, v, grad, scale, causal)
             answers = zip(("out", "dq", "dk", "dv"), (out, *grads), reference, strict=True)
             for name, got, ref in answers:
@@ -500,10 +507,11 @@ def test_hopper_backward_reads_other_head_dims_as_they_are(fixed, seed):
 
 def test_hopper_images_hold_the_wgmma_backward(fixed):
     """As test_flash_forward.py's test of the forward: a build with code for compute capability
-    9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all 40
-    instances (two dtypes by two tile head dims by five sets of SDPA arguments: none, and a mask
-    alone or with dropout, its entries float32 or in the inputs' dtype; each with E = Ev = D and
-    with head dims read as they are), and the wide kernel in all 12 of its own."""
+    9.0 holds one sm_90a image, whose wgmma backward kernel has HGMMA instructions in all 48
+    instances (two dtypes by two tile head dims by six: five sets of SDPA arguments, none, and a
+    mask alone or with dropout, its entries float32 or in the inputs' dtype, and the group-summing
+    tile without arguments; each with E = Ev = D and with head dims read as they are), and the
+    wide kernel in all 12 of its own."""
     from fixed import _build
 
     cuobjdump = find_cuda_tool("cuobjdump")
@@ -522,7 +530,7 @@ def test_hopper_images_hold_the_wgmma_backward(fixed):
         text=True,
         check=True,
     ).stdout
-    for kernel, instances in ((SM90_BACKWARD_KERNEL, 40), (SM90_WIDE_BACKWARD_KERNEL, 12)):
+    for kernel, instances in ((SM90_BACKWARD_KERNEL, 48), (SM90_WIDE_BACKWARD_KERNEL, 12)):
         functions = [part for part in sass.split("Function : ")[1:] if kernel in part[:300]]
         assert len(functions) == instances, f"expected {kernel} x {instances}: {len(functions)}"
         for function in functions:
@@ -557,13 +565,20 @@ SANITIZER_SCRIPT = textwrap.dedent(
             for n in (len_q, len_kv, len_kv)
         )
         fixed.fast_attention(q, k, v, is_causal=causal).sum().backward()
-    # GQA: 6 query heads on 2 K/V heads, each read by 3 (dK and dV per query head, then summed).
-    for dtype in (torch.bfloat16, torch.float32):
+    # GQA: 6 query heads on 2 K/V heads, each read by 3: causal (dK and dV per query head, then
+    # summed), and full, where Hopper's kernel sums each group (GroupSummingTile, E = 64, and
+    # E = 96 read as it is on the 128 tile).
+    for dtype, head_dim, causal in (
+        (torch.bfloat16, 64, True),
+        (torch.float32, 64, True),
+        (torch.bfloat16, 64, False),
+        (torch.float16, 96, False),
+    ):
         q, k, v = (
-            torch.randn(2, h, n, 64, generator=generator).to("cuda", dtype).requires_grad_()
+            torch.randn(2, h, n, head_dim, generator=generator).to("cuda", dtype).requires_grad_()
             for h, n in ((6, 150), (2, 200), (2, 200))
         )
-        fixed.fast_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+        fixed.fast_attention(q, k, v, is_causal=causal, enable_gqa=True).sum().backward()
     # A boolean mask broadcast over heads (a row with every key hidden) with dropout, at a padded
     # head dim; an additive mask read through a transposed view, with GQA.
     q, k, v = (

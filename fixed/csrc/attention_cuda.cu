@@ -441,33 +441,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
       at::Tensor row_stats = at::empty({2, shape.batch, workspace.rows}, f32);  // lse, delta
       at::Tensor dq_accum = at::empty({shape.batch, workspace.rows, workspace.width}, f32);
       float* const lse_log2 = row_stats.mutable_data_ptr<float>();
-      // Under GQA these kernels write dK and dV per query head, (B, S, E): each K/V head's
-      // gradient is then the sum over its kv_group query heads, one reduction (as
-      // FlashAttention-2 does), instead of atomics on a shared dK.
-      const int64_t group = shape.kv_group;
-      at::Tensor dk_per_head = group > 1 ? at::empty({shape.batch, shape.len_kv, shape.head_dim},
-                                                     query.options())
-                                         : grad_key;
-      at::Tensor dv_per_head = group > 1 ? at::empty({shape.batch, shape.len_kv, shape.head_dim_v},
-                                                     query.options())
-                                         : grad_value;
-      launched = kernels::launch_flash_backward(
-          cuda_ptr<scalar_t>(dout), cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
-          cuda_ptr<scalar_t>(v), cuda_ptr<scalar_t>(out), lse.const_data_ptr<float>(), lse_log2,
-          lse_log2 + shape.batch * workspace.rows, dq_accum.mutable_data_ptr<float>(),
-          cuda_mutable_ptr<scalar_t>(grad_query), cuda_mutable_ptr<scalar_t>(dk_per_head),
-          cuda_mutable_ptr<scalar_t>(dv_per_head), problem, stream);
-      if (launched) {
+      const auto launch = [&](const kernels::AttentionProblem& p, at::Tensor& dk,
+                              at::Tensor& dv) {
+        return kernels::launch_flash_backward(
+            cuda_ptr<scalar_t>(dout), cuda_ptr<scalar_t>(q), cuda_ptr<scalar_t>(k),
+            cuda_ptr<scalar_t>(v), cuda_ptr<scalar_t>(out), lse.const_data_ptr<float>(), lse_log2,
+            lse_log2 + shape.batch * workspace.rows, dq_accum.mutable_data_ptr<float>(),
+            cuda_mutable_ptr<scalar_t>(grad_query), cuda_mutable_ptr<scalar_t>(dk),
+            cuda_mutable_ptr<scalar_t>(dv), p, stream);
+      };
+      // Under GQA each K/V head's dK and dV are the sums over its kv_group query heads. Asked
+      // for them so (dkv_per_kv_item), Hopper's kernel sums them in registers where that pays;
+      // otherwise the kernels write them per query head, (B, S, E), and each group is summed
+      // after them, one reduction (as FlashAttention-2 does).
+      kernels::AttentionProblem summed = problem;
+      summed.dkv_per_kv_item = true;  // without GQA every kernel takes it
+      if (launch(summed, grad_key, grad_value)) {
         C10_CUDA_KERNEL_LAUNCH_CHECK();
-        if (group > 1) {  // on the current stream, as every ATen op here
-          const int64_t kv_items = shape.batch / group;
+        launched = true;
+        return;
+      }
+      const int64_t group = shape.kv_group;
+      if (group > 1) {
+        at::Tensor dk_per_head =
+            at::empty({shape.batch, shape.len_kv, shape.head_dim}, query.options());
+        at::Tensor dv_per_head =
+            at::empty({shape.batch, shape.len_kv, shape.head_dim_v}, query.options());
+        if (launch(problem, dk_per_head, dv_per_head)) {
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          const int64_t kv_items = shape.batch / group;  // the sums on the current stream
           at::Tensor dk = grad_key.view({kv_items, shape.len_kv, shape.head_dim});
           at::Tensor dv = grad_value.view({kv_items, shape.len_kv, shape.head_dim_v});
           at::sum_out(dk, dk_per_head.view({kv_items, group, shape.len_kv, shape.head_dim}), 1);
           at::sum_out(dv, dv_per_head.view({kv_items, group, shape.len_kv, shape.head_dim_v}),
                       1);
+          launched = true;
+          return;
         }
-        return;
       }
     }
     if (width > 0) {

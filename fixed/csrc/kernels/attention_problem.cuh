@@ -40,6 +40,10 @@ struct AttentionProblem {
   // retries with a float32 mask). Here, in the padding after `causal`, so that no other field
   // moves.
   bool mask_in_input_dtype = false;
+  // The backward's dK and dV under GQA (kv_group below): per K/V item, each the sum over its
+  // kv_group query items (true: only Hopper's group-summing kernel takes that, and only where it
+  // pays), or per query item, which the caller then sums (false). In the same padding.
+  bool dkv_per_kv_item = false;
   int64_t head_dim_v = 0;  // Ev (value, output), 1..256; 0 means head_dim
   int64_t heads = 1;       // Hq: query's dim -3 (1 when query is 2-D)
   int64_t kv_group = 1;    // Hq / Hkv under GQA, else 1. Batch item b reads K/V item
@@ -61,6 +65,11 @@ struct AttentionProblem {
   float dropout_p = 0.f;  // 0: none
   uint64_t dropout_seed = 0;
 };
+
+// Whether a backward that writes dK and dV per query item can take the problem.
+__host__ __device__ __forceinline__ bool dkv_per_query_item(const AttentionProblem& p) {
+  return p.kv_group == 1 || !p.dkv_per_kv_item;
+}
 
 // Ev: head_dim_v, or E where it is 0.
 __host__ __device__ __forceinline__ int64_t value_dim(const AttentionProblem& p) {

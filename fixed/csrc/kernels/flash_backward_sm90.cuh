@@ -62,10 +62,11 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                                const float* __restrict__ lse_log2,  // (B, Lp)
                                const float* __restrict__ delta,     // (B, Lp)
                                float* __restrict__ dq_accum,        // (B, Lp, D)
-                               T* __restrict__ dk,                  // (B, S, E)
-                               T* __restrict__ dv,                  // (B, S, Ev)
+                               T* __restrict__ dk,                  // (work items, S, E)
+                               T* __restrict__ dv,                  // (work items, S, Ev)
                                const AttentionProblem p, const int64_t rows_padded,
                                const bool longest_first) {  // causal work order
+  static_assert(!F::kSumsGroup || kArgs == kNoArgs, "a group's walk reads no mask, no dropout");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   wgmma_backward_cta<T, F, kArgs, kAsIs, kNarrowMask>(&q_map, &k_map, &v_map, &do_map, lse_log2,
                                                       delta, dq_accum, dk, dv, p, rows_padded,
@@ -105,6 +106,16 @@ __global__ void __launch_bounds__(BackwardTileWide::kThreads, 1)
 #endif
 }
 
+// Whether the problem asks for GQA's dK and dV per K/V item (AttentionProblem::dkv_per_kv_item):
+// the group-summing tile's work (GroupSummingTile), F::kSumsGroup.
+inline bool sums_group(const AttentionProblem& p) { return !dkv_per_query_item(p); }
+// Where that tile runs: without SDPA's arguments or causal masking, at D = 64 and 128. A group's
+// sum in registers saves writing dK, dV per query head and the sums after; causal, its 4x fewer
+// and more unequal work items ran slower (perf/NOTES.md, v49), as would the masks' walks.
+inline bool sums_group_pays(const AttentionProblem& p, int tile_dim) {
+  return tile_dim != 256 && !p.causal && p.mask == nullptr && p.dropout_p == 0.f;
+}
+
 // Launches the three kernels (prologue, this main kernel, dq) on `stream`, or returns false
 // having launched nothing when no image of the kernel that can take the problem exists for the
 // device (sm_80+; with kAsIs, sm_90a) or TMA cannot read its tensors.
@@ -113,14 +124,16 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
                      const float* lse, float* lse_log2, float* delta, float* dq_accum, T* dq,
                      T* dk, T* dv, const AttentionProblem& p, cudaStream_t stream) {
 #if FIXED_HAS_TENSOR_MAPS
-  auto* kernel =
-      p.mask_in_input_dtype
-          ? for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs, kAsIs, false>,
-                           flash_backward_sm90_kernel<T, F, kMaskOnly, kAsIs, true>,
-                           flash_backward_sm90_kernel<T, F, kMaskAndDropout, kAsIs, true>)
-          : for_score_args(p, flash_backward_sm90_kernel<T, F, kNoArgs, kAsIs, false>,
-                           flash_backward_sm90_kernel<T, F, kMaskOnly, kAsIs, false>,
-                           flash_backward_sm90_kernel<T, F, kMaskAndDropout, kAsIs, false>);
+  auto* kernel = flash_backward_sm90_kernel<T, F, kNoArgs, kAsIs, false>;
+  if constexpr (!F::kSumsGroup) {  // the group-summing tile: no SDPA arguments (sums_group_pays)
+    kernel = p.mask_in_input_dtype
+                 ? for_score_args(p, kernel,
+                                  flash_backward_sm90_kernel<T, F, kMaskOnly, kAsIs, true>,
+                                  flash_backward_sm90_kernel<T, F, kMaskAndDropout, kAsIs, true>)
+                 : for_score_args(p, kernel,
+                                  flash_backward_sm90_kernel<T, F, kMaskOnly, kAsIs, false>,
+                                  flash_backward_sm90_kernel<T, F, kMaskAndDropout, kAsIs, false>);
+  }
   if (!has_sm90a_image(kernel)) {
     return false;  // the mma.sync kernel runs instead (launch_flash_backward)
   }
@@ -130,9 +143,10 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
         "16-byte aligned rows");
   }
   constexpr int64_t kMaxCoordinate = std::numeric_limits<int32_t>::max();  // TMA's coordinates
-  if (p.kv_group <= 0 || p.batch % p.kv_group != 0 || p.len_q > kMaxCoordinate ||
-      p.len_kv > kMaxCoordinate || p.batch > kMaxCoordinate || !detail::aligned16(lse_log2) ||
-      !detail::aligned16(delta)) {
+  // dK and dV per K/V item under GQA (dkv_per_kv_item) from the group-summing tile alone.
+  if (p.kv_group <= 0 || p.batch % p.kv_group != 0 || sums_group(p) != F::kSumsGroup ||
+      p.len_q > kMaxCoordinate || p.len_kv > kMaxCoordinate || p.batch > kMaxCoordinate ||
+      !detail::aligned16(lse_log2) || !detail::aligned16(delta)) {
     return false;
   }
   CUtensorMap q_map, k_map, v_map, do_map;
@@ -144,10 +158,13 @@ bool launch_backward(const T* dout, const T* q, const T* k, const T* v, const T*
     return false;
   }
   const std::size_t smem = p.mask != nullptr ? F::kMaskedSmemBytes : F::kUnmaskedSmemBytes;
+  // The group-summing tile's work items: (K/V item, key block), not (query item, key block).
+  const unsigned summed_grid =
+      kernels::detail::grid_for(kv_items * ceil_div(p.len_kv, F::kBlockN));
   const auto launch_main = [&](unsigned grid, int64_t rows, bool longest_first) {
     kernels::detail::allow_shared_memory(kernel, smem);
-    kernel<<<grid, F::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, lse_log2, delta,
-                                                dq_accum, dk, dv, p, rows, longest_first);
+    kernel<<<F::kSumsGroup ? summed_grid : grid, F::kThreads, smem, stream>>>(
+        q_map, k_map, v_map, do_map, lse_log2, delta, dq_accum, dk, dv, p, rows, longest_first);
   };
   detail::backward_launches<T, typename F::Fallback, true, kAsIs, true>(
       launch_main, dout, out, lse, lse_log2, delta, dq_accum, dq, p, stream);
@@ -209,11 +226,22 @@ bool backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
     return launch_backward<T, decltype(tile), decltype(columns_as_is)::value>(
         dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq, dk, dv, p, stream);
   };
+  if (sums_group(p) && !sums_group_pays(p, tile_dim)) {
+    return false;  // the caller writes them per query item and sums (launch_flash_backward)
+  }
   if (tile_dim == 256) {
     return as_is ? launch_backward_wide<T, true>(dout, q, k, v, out, lse, lse_log2, delta,
                                                  dq_accum, dq, dk, dv, p, stream)
                  : launch_backward_wide<T, false>(dout, q, k, v, out, lse, lse_log2, delta,
                                                   dq_accum, dq, dk, dv, p, stream);
+  }
+  if (sums_group(p)) {
+    if (tile_dim == 64) {
+      return as_is ? launch(GroupSummingTile<BackwardTile<64>>{}, std::true_type{})
+                   : launch(GroupSummingTile<BackwardTile<64>>{}, std::false_type{});
+    }
+    return as_is ? launch(GroupSummingTile<BackwardTile<128>>{}, std::true_type{})
+                 : launch(GroupSummingTile<BackwardTile<128>>{}, std::false_type{});
   }
   if (tile_dim == 64) {
     return as_is ? launch(BackwardTile<64>{}, std::true_type{})
@@ -253,14 +281,17 @@ BackwardWorkspace flash_backward_workspace(const T* q, const AttentionProblem& p
 // this header instantiates every kernel): the arguments and contract of flash_backward.cuh's
 // launch_flash_backward_mma_sync, whose workspace (flash_backward_rows) it takes. On compute
 // capability 9.0 the wgmma kernel, otherwise (or where it declines) the mma.sync one; false,
-// having launched nothing, where neither covers the case.
+// having launched nothing, where neither covers the case. Under GQA, dk and dv hold B / kv_group
+// items where p.dkv_per_kv_item (only Hopper's group-summing kernel takes that, where
+// sums_group_pays), else B.
 inline bool launch_flash_backward(const float* dout, const float* q, const float* k,
                                   const float* v, const float* out, const float* lse,
                                   float* lse_log2, float* delta, float* dq_accum, float* dq,
                                   float* dk, float* dv, const AttentionProblem& p,
                                   cudaStream_t stream) {
-  return launch_flash_backward_mma_sync(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
-                                        dk, dv, p, stream);  // float32: 3xTF32 on mma.sync
+  return dkv_per_query_item(p) &&  // float32: 3xTF32 on mma.sync
+         launch_flash_backward_mma_sync(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
+                                        dk, dv, p, stream);
 }
 inline bool launch_flash_backward(const __half* dout, const __half* q, const __half* k,
                                   const __half* v, const __half* out, const float* lse,
@@ -269,8 +300,9 @@ inline bool launch_flash_backward(const __half* dout, const __half* q, const __h
                                   cudaStream_t stream) {
   return flash::sm90::backward(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq, dk, dv,
                                p, stream) ||
-         launch_flash_backward_mma_sync(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
-                                        dk, dv, p, stream);
+         (dkv_per_query_item(p) &&
+          launch_flash_backward_mma_sync(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
+                                         dk, dv, p, stream));
 }
 inline bool launch_flash_backward(const __nv_bfloat16* dout, const __nv_bfloat16* q,
                                   const __nv_bfloat16* k, const __nv_bfloat16* v,
@@ -280,8 +312,9 @@ inline bool launch_flash_backward(const __nv_bfloat16* dout, const __nv_bfloat16
                                   const AttentionProblem& p, cudaStream_t stream) {
   return flash::sm90::backward(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq, dk, dv,
                                p, stream) ||
-         launch_flash_backward_mma_sync(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
-                                        dk, dv, p, stream);
+         (dkv_per_query_item(p) &&
+          launch_flash_backward_mma_sync(dout, q, k, v, out, lse, lse_log2, delta, dq_accum, dq,
+                                         dk, dv, p, stream));
 }
 
 }  // namespace kernels

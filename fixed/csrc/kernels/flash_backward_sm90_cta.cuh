@@ -11,10 +11,11 @@
 // kernel, that of dK in the epilogue here, as there).
 //
 // ---------------------------------------------------------------------------------- tiling
-// One CTA per (batch item, block of kBlockN = 128 keys): a producer warpgroup and 2 consumer
-// warpgroups (8 warps, 256 threads); consumer warpgroup wg owns keys [64 wg, 64 wg + 64) of the
-// block (wgmma's M = 64), its warp w (0..3) keys 16 w .. 16 w + 15 of those, so consumer warp
-// `warp` owns keys key_row0 = 16 warp ...
+// One CTA per work item (a batch item, or GroupSummingTile's K/V item and its group of batch
+// items; a block of kBlockN = 128 keys): a producer warpgroup and 2 consumer warpgroups (8 warps,
+// 256 threads); consumer warpgroup wg owns keys [64 wg, 64 wg + 64) of the block (wgmma's
+// M = 64), its warp w (0..3) keys 16 w .. 16 w + 15 of those, so consumer warp `warp` owns keys
+// key_row0 = 16 warp ...
 // The loop runs over the query blocks of kBlockM rows that can see the keys, flash_backward.cuh's
 // blocks (D = 64: kBlockM = 128; D = 128: 64), so that the workspace rows (flash_backward_rows)
 // serve both kernels. Per query block m0 and warpgroup, M = R = kBlockM queries:
@@ -118,8 +119,8 @@ namespace sm90 {
 // (AttentionProblem::mask_in_input_dtype), else float32 (one form per instance: both in one
 // spilled 250 bytes more). consumer_tid: 0 .. 255, the thread among the consumers.
 template <typename T, class F, int kArgs, bool kAsIs, bool kNarrowMask>
-__device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
-                                               T* __restrict__ dv,  // (B, S, Ev)
+__device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (work items, S, E)
+                                               T* __restrict__ dv,  // (work items, S, Ev)
                                                const AttentionProblem& p,
                                                const bool longest_first,
                                                const BackwardSmem<F, kArgs>& sm,
@@ -185,27 +186,28 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
   // blocks & 1 of Q, dO, lse, delta and dQ stage Smem::stage(blocks)), and items so far: the
   // producer's walk (visit_blocks) in the same order.
   uint32_t blocks = 0, items = 0;
-  for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x, ++items) {
-    const BackwardItem it = backward_item<F>(item, key_blocks, p, longest_first);
-    const int64_t b = it.b, n0 = it.n0;
+  const int64_t work_items = p.batch / walked_items<F>(p);
+  for (int64_t item = blockIdx.x; item < work_items * key_blocks; item += gridDim.x, ++items) {
+    const BackwardItem it = backward_item<F>(item, key_blocks, work_items, longest_first);
+    const ItemWalk walk = walk_of<F>(p, skips, it);
+    const int64_t b = walk.first.b, n0 = it.n0;  // b: the mask's and dropout's query item
+    QueryBlock at = walk.first;                   // this iteration's query block
     using MaskEntry = std::conditional_t<kNarrowMask, uint16_t, float>;
     const MaskEntry* const mask_b = has_mask ? mask_slice_of<MaskEntry>(p, b) : nullptr;
-    // Where dK and dV go (per batch item, also under GQA). Without kAsIs, one product for both:
-    // E = Ev = D then compiles as it did before kAsIs.
-    const int64_t dk_b = b * S * E, dv_b = kAsIs ? b * S * Ev : dk_b;
+    // dK, dV per work item (kSumsGroup: the group's sum); without kAsIs one product (E = Ev = D).
+    const int64_t dk_b = it.kv * S * E, dv_b = kAsIs ? it.kv * S * Ev : dk_b;
     // Whether this thread's keys (rows g and g + 8 of the warp's 16) lie past S: their rows of K
     // are TMA's zeros, so S^T is 0 and P would be 2^-lse, large where a row's scores are all far
     // below 0; dS = -P delta then overflows the 16-bit dS^T (fp16: past 65504) or float32
     // itself, and inf x 0 in dQ = dS K is NaN. Step 3 sets their P to 0.
     const int64_t first_key = n0 + key_row0 + g;
     const bool past_s[2] = {first_key >= S, first_key + 8 >= S};
-    int64_t m0 = first_block<F>(p, skips, b, n0);  // this iteration's query block
     // Whether block m reads mask entries: not where they are all 0 (zero_block), as P is then
     // the unmasked one; the copies of its mask tile are then skipped too.
     const auto reads_mask = [&](int64_t m) {
       return has_mask && m < L && !(skips_zero && zero_block(p, b, m, BM, n0, BN));
     };
-    bool masked = reads_mask(m0);
+    bool masked = reads_mask(at.m0);
     // Dropout's keep bits of query block m: bit i for element s[i]. Tiles j, j + 1 are one
     // Philox call each for four lanes, whose bit 4 jj + e is element e of tile j + jj. Drawn
     // for the next block before step 8's barrier (beside S^T they ran 5% slower at D = 64, v29).
@@ -225,13 +227,13 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
     for (uint32_t& word : kept) {
       word = ~0u;
     }
-    if (has_dropout && m0 < L) {
-      draw_keep_bits(m0, kept);
+    if (has_dropout && at.m0 < L) {
+      draw_keep_bits(at.m0, kept);
     }
 
     // Each warp's part of the mask's tile by cp.async (K, V and the query blocks: the loader).
     if (masked) {
-      load_mask_part<BM, kNarrowMask>(mask_tile, p, mask_b, m0, n0, key_row0, quads, lane);
+      load_mask_part<BM, kNarrowMask>(mask_tile, p, mask_b, at.m0, n0, key_row0, quads, lane);
     }
     cp_async_commit();
     mbarrier_wait(sm.kv_full(), items & 1u);  // also before the epilogue's stores into them
@@ -245,7 +247,8 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
     }
 
 #pragma unroll 1
-    for (; m0 < L; ++blocks) {
+    for (; at.m0 < L; ++blocks) {
+      const int64_t m0 = at.m0;
       const uint32_t buf = blocks & 1u;
       const uint32_t q_buf = q_tiles + buf * F::kQBytes;
       const uint32_t do_buf = do_tiles + buf * F::kQBytes;
@@ -255,7 +258,8 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       mbarrier_wait(sm.full(buf), (blocks >> 1) & 1u);  // this block's Q, dO, lse, delta
       cp_async_wait<0>();  // this thread's copies of the warp's mask entries ...
       __syncwarp();        // ... and its lanes' (and the warp converged for .sync.aligned)
-      const int64_t following = next_visible<F>(p, skips, b, n0, m0);
+      const QueryBlock next = next_query_block<F>(p, skips, at, walk.last, n0);
+      const int64_t following = next.m0;
 
       // 1, 2: S^T = K Q^T, then dP^T = V dO^T, two groups. k-step ks covers head dims
       // 16 ks .. + 15: run ks / 4 of the tiles, 32 bytes into each 128-byte row.
@@ -500,7 +504,7 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (B, S, E)
       wgmma_fence_operands(dv_acc);
       wgmma_fence_operands(dk_acc);
       mbarrier_arrive(sm.empty(buf));  // this thread is done with the block's buffers (dK read Q)
-      m0 = following;
+      at = next;
     }
 
     // Epilogue: dK (times scale) and dV through this warp's own rows of the K and V tiles, then
@@ -554,8 +558,8 @@ __device__ __forceinline__ void wgmma_backward_cta(const CUtensorMap* q_map,   /
                                                    const float* __restrict__ lse_log2,  // (B, Lp)
                                                    const float* __restrict__ delta,     // (B, Lp)
                                                    float* __restrict__ dq_accum,  // (B, Lp, D)
-                                                   T* __restrict__ dk,            // (B, S, E)
-                                                   T* __restrict__ dv,            // (B, S, Ev)
+                                                   T* __restrict__ dk,  // (work items, S, E)
+                                                   T* __restrict__ dv,  // (work items, S, Ev)
                                                    const AttentionProblem p,
                                                    const int64_t rows_padded,
                                                    const bool longest_first) {

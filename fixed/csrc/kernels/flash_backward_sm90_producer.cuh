@@ -97,24 +97,25 @@ struct BackwardSmem {
   }
 };
 
-// Work item `item` of the grid-stride loop: its batch item b and first key n0 (flash_backward.cuh's
-// order: longest first where wgmma_backward_longest_first_pays, else batch-major).
+// Work item `item` of the grid-stride loop: its K/V item kv and first key n0 (flash_backward.cuh's
+// order: longest first where wgmma_backward_longest_first_pays, else batch-major). In a tile
+// that sums GQA's groups (F::kSumsGroup) an item covers the kv_group query items that read K/V
+// item kv (kv_group kv ..): its dK and dV sum theirs in registers, so that no per-head dK, dV
+// is written and summed after the kernel. In the others kv is the query item (walked_items 1).
 struct BackwardItem {
-  int64_t b, n0;
+  int64_t kv, n0;
 };
 template <class F>
 __device__ __forceinline__ BackwardItem backward_item(int64_t item, int64_t key_blocks,
-                                                      const AttentionProblem& p,
-                                                      bool longest_first) {
-  const int64_t b = longest_first ? item % p.batch : item / key_blocks;
-  const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * F::kBlockN;
-  return {b, n0};
+                                                      int64_t work_items, bool longest_first) {
+  const int64_t kv = longest_first ? item % work_items : item / key_blocks;
+  const int64_t n0 = (longest_first ? item / work_items : item % key_blocks) * F::kBlockN;
+  return {kv, n0};
 }
 
-// The first query block after m that can see keys n0 .. n0 + BN - 1 of item b and that the mask
-// does not hide entirely (L or more: none); without a map of hidden tiles (`skips` false),
-// m + BM. Causal rows before n0 see none of these keys: the walk starts at the query block
-// holding row n0 (first_block).
+// The first query block after m that can see keys n0 .. n0 + BN - 1 of query item b and that
+// the mask does not hide entirely (L or more: none); without a map of hidden tiles (`skips`
+// false), m + BM.
 template <class F>
 __device__ __forceinline__ int64_t next_visible(const AttentionProblem& p, bool skips, int64_t b,
                                                 int64_t n0, int64_t m) {
@@ -123,12 +124,56 @@ __device__ __forceinline__ int64_t next_visible(const AttentionProblem& p, bool 
   } while (skips && m < p.len_q && hidden_block(p, b, m, F::kBlockM, n0, F::kBlockN));
   return m;
 }
+// The row before a query item's walk over keys n0 ..: causal rows before n0 see none of them,
+// so it starts at the query block holding row n0.
 template <class F>
-__device__ __forceinline__ int64_t first_block(const AttentionProblem& p, bool skips, int64_t b,
-                                               int64_t n0) {
-  return next_visible<F>(p, skips, b, n0, (p.causal ? (n0 / F::kBlockM) * F::kBlockM : 0) -
-                                              F::kBlockM);
+__device__ __forceinline__ int64_t first_row(const AttentionProblem& p, int64_t n0) {
+  return (p.causal ? (n0 / F::kBlockM) * F::kBlockM : 0) - F::kBlockM;
 }
+// A query block of a work item: query item b and first row m0 (L or more: the item has no
+// block left). An item walks each of its query items' blocks in turn, from its first query
+// item to `last` (kv_group (kv + 1) - 1): next_query_block gives the block after `at`, and
+// {b, first_row} stands before query item b's first.
+struct QueryBlock {
+  int64_t b, m0;
+};
+template <class F>
+__device__ __forceinline__ QueryBlock next_query_block(const AttentionProblem& p, bool skips,
+                                                       QueryBlock at, int64_t last,
+                                                       int64_t n0) {
+  if constexpr (!F::kSumsGroup) {  // one query item: no walk to the next (nor its registers)
+    return {at.b, next_visible<F>(p, skips, at.b, n0, at.m0)};
+  } else {
+    while (true) {
+      const int64_t m = next_visible<F>(p, skips, at.b, n0, at.m0);
+      if (m < p.len_q || at.b >= last) {
+        return {at.b, m};
+      }
+      at = {at.b + 1, first_row<F>(p, n0)};  // a query item none of whose blocks sees n0 ..
+    }
+  }
+}
+// The query items a work item walks: its K/V item's kv_group where the tile sums them, else one.
+template <class F>
+__device__ __forceinline__ int64_t walked_items(const AttentionProblem& p) {
+  if constexpr (F::kSumsGroup) {
+    return p.kv_group;
+  } else {
+    return 1;
+  }
+}
+// A work item's first query block (before it: {first query item, first_row}) and `last`.
+struct ItemWalk {
+  QueryBlock first;
+  int64_t last;
+};
+template <class F>
+__device__ __forceinline__ ItemWalk walk_of(const AttentionProblem& p, bool skips,
+                                            const BackwardItem& it) {
+  const int64_t group = walked_items<F>(p), first = it.kv * group, last = first + group - 1;
+  return {next_query_block<F>(p, skips, {first, first_row<F>(p, it.n0)}, last, it.n0), last};
+}
+
 // Whether the walk skips the blocks that the mask hides: the mask-only instance (with dropout,
 // the search spilled 500 bytes more at D = 64, ptxas).
 template <int kArgs>
@@ -136,21 +181,24 @@ __device__ __forceinline__ bool skips_blocks(const AttentionProblem& p) {
   return kArgs == kMaskOnly && p.mask != nullptr && skips_hidden_blocks(p);
 }
 
-// Calls start_item(b, n0, items, m0, number) once per work item of this CTA (m0: its first query
-// block, L or more if none; `number`: the number that block gets), then block(b, m0, number) for
-// each of its query blocks, `number` counting the CTA's blocks over all of its items.
+// Calls start_item(b, n0, items, m0, number) once per work item of this CTA (b: its first query
+// item with a visible block; m0: that block, L or more if none; `number`: the number that block
+// gets), then block(b, m0, number) for each of its query blocks, `number` counting the CTA's
+// blocks over all of its items.
 template <class F, int kArgs, class StartItem, class Block>
 __device__ __forceinline__ void visit_blocks(const AttentionProblem& p, bool longest_first,
                                              const StartItem& start_item, const Block& block) {
   const bool skips = skips_blocks<kArgs>(p);
   const int64_t key_blocks = ceil_div(p.len_kv, F::kBlockN);
+  const int64_t work_items = p.batch / walked_items<F>(p);
   uint32_t number = 0, items = 0;
-  for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x, ++items) {
-    const BackwardItem it = backward_item<F>(item, key_blocks, p, longest_first);
-    int64_t m0 = first_block<F>(p, skips, it.b, it.n0);
-    start_item(it.b, it.n0, items, m0, number);
-    for (; m0 < p.len_q; m0 = next_visible<F>(p, skips, it.b, it.n0, m0), ++number) {
-      block(it.b, m0, number);
+  for (int64_t item = blockIdx.x; item < work_items * key_blocks; item += gridDim.x, ++items) {
+    const BackwardItem it = backward_item<F>(item, key_blocks, work_items, longest_first);
+    const ItemWalk walk = walk_of<F>(p, skips, it);
+    QueryBlock at = walk.first;
+    start_item(at.b, it.n0, items, at.m0, number);
+    for (; at.m0 < p.len_q; at = next_query_block<F>(p, skips, at, walk.last, it.n0), ++number) {
+      block(at.b, at.m0, number);
     }
   }
 }

@@ -90,6 +90,8 @@ namespace sm90 {
 template <int kHeadDim_>
 struct BackwardTile {
   static constexpr int kHeadDim = kHeadDim_;
+  // A work item: one query item's dK, dV (here), or GQA's group summed (GroupSummingTile).
+  static constexpr bool kSumsGroup = false;
   // flash_backward.cuh's tiling of the same keys per CTA and query blocks: the tiling of the
   // shared prologue and dq kernels and of the workspace rows, and the mma.sync backward that
   // runs instead where the library has no sm_90a image.
@@ -152,6 +154,15 @@ struct BackwardTile {
                 "setmaxnreg: more registers than the SM has");
   static_assert(kMaskedSmemBytes <= 227 * 1024 && kUnmaskedSmemBytes <= 227 * 1024,
                 "over sm_90's 227 KB of shared memory per block");
+};
+
+// Tile's kernel with a work item per K/V item and key block, walking the kv_group query items
+// that read it and summing their dK and dV in registers (flash_backward_sm90_producer.cuh's
+// walk_of), stored once per K/V item. A separate instance, so that the per-query-item kernels
+// keep their registers (the walk in them spilled 50-150 bytes more, ptxas).
+template <class Tile>
+struct GroupSummingTile : Tile {
+  static constexpr bool kSumsGroup = true;
 };
 
 }  // namespace sm90
