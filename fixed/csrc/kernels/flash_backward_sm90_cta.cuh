@@ -100,6 +100,7 @@
 
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, detail::grid_for, ...
 #include "flash_backward.cuh"      // prologue and dq kernels, tilings
+#include "flash_backward_sm90_epilogue.cuh"  // store_dk_dv
 #include "flash_backward_sm90_producer.cuh"  // BackwardSmem, the loader and the reducer
 #include "flash_common.cuh"        // cp.async, exp2, pack2, ...
 #include "flash_forward_sm90.cuh"  // sw128_offset, current_device_is_sm90
@@ -512,36 +513,8 @@ __device__ __forceinline__ void consume_blocks(T* __restrict__ dk,  // (work ite
     // K (dQ reads all of its rows; each waited for its wgmmas above).
     cp_async_wait<0>();
     named_barrier_sync(F::kConsumersBarrier, F::kConsumerThreads);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = key_row0 + g + 8 * h;  // row & 7 == g
-#pragma unroll
-      for (int j = 0; j < kDTiles; ++j) {
-        const uint32_t offset = sw128_offset<BN>(row, j) + 4 * t;  // columns 8 j + 2 t, + 1
-        st_shared_b32(k_tile + offset, pack2<T>(dk_acc[4 * j + 2 * h] * p.scale,
-                                                dk_acc[4 * j + 2 * h + 1] * p.scale));
-        st_shared_b32(v_tile + offset, pack2<T>(dv_acc[4 * j + 2 * h], dv_acc[4 * j + 2 * h + 1]));
-      }
-    }
-    __syncwarp();
-    constexpr int kRowsPerStep = 32 / F::kChunks;
-#pragma unroll
-    for (int step = 0; step < 16 / kRowsPerStep; ++step) {
-      const int row = key_row0 + step * kRowsPerStep + lane / F::kChunks;
-      const int chunk = lane % F::kChunks;
-      const int64_t key = n0 + row;
-      const uint32_t offset = sw128_offset<BN>(row, chunk);
-      if (key < S) {
-        if (chunk * 8 < E) {  // dK's E columns, dV's Ev
-          *reinterpret_cast<uint4*>(dk + dk_b + key * E + chunk * 8) =
-              *reinterpret_cast<const uint4*>(kv_bytes + offset);
-        }
-        if (chunk * 8 < Ev) {
-          *reinterpret_cast<uint4*>(dv + dv_b + key * Ev + chunk * 8) =
-              *reinterpret_cast<const uint4*>(kv_bytes + F::kKVBytes + offset);
-        }
-      }
-    }
+    store_dk_dv<T, F>(dk, dv, dk_b, dv_b, dk_acc, dv_acc, p.scale, k_tile, v_tile, kv_bytes,
+                      key_row0, lane, n0, S, E, Ev);
     fence_proxy_async_shared();  // the reads of the K and V tiles, before TMA writes them
     mbarrier_arrive(sm.kv_empty());  // the next item's K and V may overwrite the tiles
   }
