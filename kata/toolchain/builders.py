@@ -324,6 +324,7 @@ CUDA_HEADERS = tuple(
         "flash_forward_sm90_ws.cuh",
         "flash_forward_sm90.cuh",
         "flash_backward_sm90_producer.cuh",
+        "flash_backward_sm90_epilogue.cuh",
         "flash_backward_sm90_cta.cuh",
         "flash_backward_sm90_wide.cuh",
     )
