@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -12,6 +13,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -749,6 +751,35 @@ def test_big_memory_probes_take_turns(tmp_path, monkeypatch, capfd):
     with review_module.big_memory_turn(patience=5) as cannot:
         assert cannot is None
     assert "waits for 60 GB of GPU memory to be free (30 GB now)" in capfd.readouterr().err
+
+
+def test_big_memory_patience_counts_per_holder(tmp_path, monkeypatch):
+    """A queue of reviews, each holding the lock for less than the patience, is waited out: the
+    patience restarts when the lock changes hands (its holder's token changes). With one
+    deadline for the whole wait, eight reviews at once on an H200 skipped int32-sizes."""
+    lock = tmp_path / "big.lock"
+    monkeypatch.setattr(review_module, "BIG_MEMORY_LOCK", lock)
+    monkeypatch.setattr(review_module, "free_gpu_bytes", lambda: 80 * 2**30)
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    os.pwrite(holder, b"review 1", 0)  # what each holder writes: a token of its own
+    outcome = {}
+
+    def wait_for_turn():
+        with review_module.big_memory_turn(patience=1.0) as cannot:
+            outcome["cannot"] = cannot
+
+    waiter = threading.Thread(target=wait_for_turn)
+    waiter.start()
+    try:
+        time.sleep(0.7)
+        os.pwrite(holder, b"review 2", 0)  # the lock passes to the next review in line
+        time.sleep(0.7)  # 1.4 s in all, each holder 0.7 s
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        os.close(holder)
+    waiter.join(timeout=10)
+    assert outcome == {"cannot": None}
 
 
 def test_only_a_gpu_too_small_skips_big_memory_before_the_turn():

@@ -88,20 +88,26 @@ def _too_little_memory(free_bytes: int) -> str:
 @contextlib.contextmanager
 def big_memory_turn(patience: float):
     """Hold the machine-wide big-memory lock; yields None, or why this probe cannot run now
-    (the lock stayed taken, or too little memory stayed free under it, for `patience` seconds).
-    The kernel releases the lock when its holder dies, so a killed review never blocks the next."""
+    (one review held the lock, or too little memory stayed free under it, for `patience`
+    seconds). The kernel releases the lock when its holder dies, so a killed review never blocks
+    the next."""
     with contextlib.ExitStack() as stack:
         try:
             fd = os.open(BIG_MEMORY_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError:  # another user's lock file: a read-only descriptor locks as well
             fd = os.open(BIG_MEMORY_LOCK, os.O_RDONLY)
         stack.callback(os.close, fd)
-        deadline, said = time.monotonic() + patience, False
+        # Patience counts per holder: each holder writes a token of its own into the file, and a
+        # new token restarts the wait. Eight reviews side by side (the adversarial tests at -n 8
+        # on an H200) queued for over 150 s in all, though each held the lock for less.
+        deadline, said, holder = time.monotonic() + patience, False, _lock_token(fd)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if (token := _lock_token(fd)) != holder:
+                    deadline, holder = time.monotonic() + patience, token
                 if time.monotonic() > deadline:
                     yield f"another review held the GPU's memory for over {patience:.0f} s"
                     return
@@ -113,8 +119,9 @@ def big_memory_turn(patience: float):
                     )
                     said = True
                 time.sleep(0.2)
+        _write_lock_token(fd)
         # Other reviews' probes hold GPU memory for seconds at a time: wait for them, as above.
-        said = False
+        deadline, said = time.monotonic() + patience, False
         while (free := free_gpu_bytes()) < BIG_MEMORY_BYTES:
             if time.monotonic() > deadline:
                 yield _too_little_memory(free)
@@ -129,6 +136,23 @@ def big_memory_turn(patience: float):
                 said = True
             time.sleep(1)
         yield None
+
+
+def _lock_token(fd: int) -> bytes:
+    """The token the lock's holder wrote (empty where none did)."""
+    try:
+        return os.pread(fd, 64, 0)
+    except OSError:
+        return b""
+
+
+def _write_lock_token(fd: int) -> None:
+    """Tell the reviews waiting for the lock that it changed hands (a read-only file cannot)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, os.urandom(16).hex().encode(), 0)
+    except OSError:
+        pass
 
 
 def free_gpu_bytes() -> int:
