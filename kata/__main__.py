@@ -79,6 +79,11 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+# The commands that import torch (here or in the processes they start); the others (list, hint,
+# reset, handout, checksum) run without it.
+_NEEDS_TORCH = ("review", "check", "watch", "build", "check-cuda", "bench")
+
+
 def main(argv=None) -> int:
     # torch without numpy warns at import, on stderr, between the tools' one-line errors.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
@@ -88,6 +93,12 @@ def main(argv=None) -> int:
     version = torch_support.installed()
     if version and torch_support.too_old(version):  # a newer one gets make deps' warning only
         print(f"kata: {torch_support.problem(version)}", file=sys.stderr)
+        return 2
+    if version is None and argv[:1] and argv[0] in _NEEDS_TORCH:
+        print(
+            f"kata: this Python ({sys.executable}) has no torch; `make deps` installs it",
+            file=sys.stderr,
+        )
         return 2
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])

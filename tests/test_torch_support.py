@@ -142,6 +142,35 @@ def test_kata_refuses_an_older_torch_in_one_line(tmp_path):
     )
 
 
+def test_kata_without_torch_says_so_in_one_line():
+    """A Python without torch (python -m kata run by another interpreter than make's): the
+    commands that need torch print one line and exit 2, where they printed a traceback; the
+    others still run."""
+    script = (
+        "import sys; from kata.toolchain import torch_support as t; "
+        "t.installed = lambda: None; "
+        "from kata.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    )
+
+    def kata(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", script, *argv],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    for command in ("check", "review", "watch", "build", "bench"):
+        result = kata(command)
+        assert result.returncode == 2, (command, result.stderr)
+        assert result.stderr.strip().splitlines() == [
+            f"kata: this Python ({sys.executable}) has no torch; `make deps` installs it"
+        ], (command, result.stderr)
+    listing = kata("list")
+    assert listing.returncode == 0 and "int32-sizes" in listing.stdout, listing.stderr
+
+
 def test_torch_cuda_sleep_keeps_the_device_busy_as_host_alloc_expects():
     """The host-alloc probe (runner._waits_for_the_device) holds the device with the private
     torch.cuda._sleep(cycles): it must exist on every supported torch, and on a GPU keep the
