@@ -782,6 +782,35 @@ def test_big_memory_patience_counts_per_holder(tmp_path, monkeypatch):
     assert outcome == {"cannot": None}
 
 
+def test_big_memory_queue_has_an_end(tmp_path, monkeypatch):
+    """A lock whose token keeps changing (a long queue, or anyone writing the file) is waited
+    for QUEUE_PATIENCE holders' patience in all, then the probe is skipped, never hung."""
+    lock = tmp_path / "big.lock"
+    monkeypatch.setattr(review_module, "BIG_MEMORY_LOCK", lock)
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    stop = threading.Event()
+
+    def rotate_tokens():
+        for n in range(1000):
+            if stop.wait(0.2):
+                return
+            os.pwrite(holder, f"review {n:03d}".encode(), 0)
+
+    rotator = threading.Thread(target=rotate_tokens)
+    rotator.start()
+    try:
+        started = time.monotonic()
+        with review_module.big_memory_turn(patience=0.5) as cannot:
+            waited = time.monotonic() - started
+    finally:
+        stop.set()
+        rotator.join()
+        os.close(holder)
+    assert cannot == "other reviews held the GPU's memory for over 2 s in all"
+    assert 2.0 <= waited < 5.0, waited
+
+
 def test_only_a_gpu_too_small_skips_big_memory_before_the_turn():
     """Free memory at the review's start is not the verdict: other reviews' probes hold it for a
     moment. Only a GPU with too little memory in all skips int32-sizes before its turn."""

@@ -43,6 +43,7 @@ BIG_MEMORY_BYTES = 60 * 2**30  # the int32-sizes inputs live in the judge and th
 # for int32-sizes and run out of memory (seen on an H100: 13 of 67 adversarial tests failed so):
 # such probes take this machine-wide lock, and look at the free memory again once they hold it.
 BIG_MEMORY_LOCK = Path(tempfile.gettempdir()) / "kata-big-memory.lock"
+QUEUE_PATIENCE = 4  # big_memory_turn: how many holders' patience a queue of reviews gets
 
 
 @dataclass(frozen=True)
@@ -99,17 +100,26 @@ def big_memory_turn(patience: float):
         stack.callback(os.close, fd)
         # Patience counts per holder: each holder writes a token of its own into the file, and a
         # new token restarts the wait. Eight reviews side by side (the adversarial tests at -n 8
-        # on an H200) queued for over 150 s in all, though each held the lock for less.
-        deadline, said, holder = time.monotonic() + patience, False, _lock_token(fd)
+        # on an H200) queued for over 150 s in all, though each held the lock for less. The
+        # queue as a whole gets QUEUE_PATIENCE holders' worth, so that a file whose token keeps
+        # changing (anyone may write it) cannot hold a review forever.
+        now = time.monotonic()
+        deadline, give_up, said = now + patience, now + QUEUE_PATIENCE * patience, False
+        holder = _lock_token(fd)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if (token := _lock_token(fd)) != holder:
-                    deadline, holder = time.monotonic() + patience, token
+                    deadline, holder = min(time.monotonic() + patience, give_up), token
                 if time.monotonic() > deadline:
-                    yield f"another review held the GPU's memory for over {patience:.0f} s"
+                    yield (
+                        f"another review held the GPU's memory for over {patience:.0f} s"
+                        if deadline < give_up
+                        else "other reviews held the GPU's memory for over"
+                        f" {QUEUE_PATIENCE * patience:.0f} s in all"
+                    )
                     return
                 if not said:
                     print(
