@@ -1,9 +1,10 @@
-"""The harness itself: isolation, the review's output, builders, hints, catalog and rubric."""
+"""The harness itself: isolation, the review's output and command line, the vendor library's
+build, the guarded inputs. The catalog and rubric: test_catalog.py; the toolchain's checks:
+test_toolchain_checks.py; the big-memory lock: test_big_memory.py."""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import json
 import os
@@ -13,7 +14,6 @@ import signal
 import struct
 import subprocess
 import sys
-import threading
 import time
 import zipfile
 from pathlib import Path
@@ -21,15 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kata import FLAWED_DIR, REPO_ROOT, KataError
-from kata.harness import review as review_module
-from kata.harness.catalog import CATALOG, Need
-from kata.harness.hints import next_hint
+from kata import FLAWED_DIR, REPO_ROOT
 from kata.harness.probes import PROBES
 from kata.harness.remote import MAX_ANSWER_BYTES, Remote, RunnerStopped
 from kata.harness.review import resolve_implementation, run_review
-from kata.harness.rubric import rubric_section
-from kata.toolchain import builders, shipped
+from kata.toolchain import builders
 from tests.process_support import alive
 from tests.terminal_support import sigint_at_default
 
@@ -478,130 +474,13 @@ def test_missing_compiler_is_one_clear_line(candidate, tmp_path):
     assert re.fullmatch(r"kata: cannot build .*: (g\+\+|nvcc) not found on PATH \(.*\)", line)
 
 
-def test_hints_advance_one_level_per_call_and_stop_at_the_last(tmp_path):
-    state = tmp_path / "hints.json"
-    flaw = CATALOG[0]
-    for level in (1, 2, 3, 3):
-        text = next_hint(flaw.id, state)
-        assert f"Hint {level} of {len(flaw.hints)}" in text
-        assert flaw.hints[level - 1] in text
-    assert json.loads(state.read_text()) == {flaw.id: 3}
-    with pytest.raises(KataError, match="unknown flaw id 'nope'"):
-        next_hint("nope", state)
-
-
 def test_hint_command_names_unknown_ids():
     completed = run_kata("hint", "no-such-flaw")
     assert completed.returncode != 0
     assert "unknown flaw id" in completed.stderr
 
 
-# -------------------------------------------------------------------------------- builders
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_pure_cuda_sources_compile_with_nvcc():
-    """The vendor kernel and fixed/'s kernel headers compile without a GPU or torch headers, under
-    the flags torch's extension build gives nvcc (no implicit half/bfloat16 conversions): the
-    roots for sm_90 and, with wgmma code, sm_90a; every other header alone."""
-    builders.compile_check_cuda(builders.cuda_checks())  # skipped when these bytes passed before
-
-
-def test_the_cuda_checks_compile_every_kernel_header():
-    """Every header in the kernels' directory is checked, and every one is a root (compiled
-    optimised) or reached from one by its includes: a new header cannot slip past the check."""
-    checks = builders.cuda_checks()
-    kernels = builders.KERNELS_DIR
-    checked = {check.source for check in checks}
-    assert checked == {*builders.CUDA_ROOTS, *builders.CUDA_HEADERS}
-    assert {p for p in kernels.iterdir() if p.suffix == ".cuh"} <= checked
-    reached, frontier = set(), [c.source for c in checks if c.optimised]
-    while frontier:
-        source = frontier.pop()
-        for line in source.read_text().splitlines():
-            if line.startswith('#include "'):
-                included = source.parent / line.split('"')[1]
-                if included not in reached:
-                    reached.add(included)
-                    frontier.append(included)
-    assert set(builders.CUDA_HEADERS) <= reached
-    assert {c.arch for c in checks if c.optimised} == {"sm_90", "sm_90a"}
-
-
-def test_a_passed_cuda_check_reruns_only_when_an_input_changes(tmp_path, monkeypatch):
-    """compile_check_cuda remembers what passed: the same nvcc, flags and bytes of the sources and
-    their neighbours (what they may include) skip the compile; a changed header does not."""
-    compiled = []
-    monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
-    monkeypatch.setattr(builders, "_require_tool", lambda *_: sys.executable)
-    monkeypatch.setattr(builders, "_run_compiler", lambda command, _: compiled.append(command))
-    monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: ["-DFLAG"])
-    kernel, header = tmp_path / "kernel.cuh", tmp_path / "common.cuh"
-    kernel.write_text('#include "common.cuh"\n')
-    header.write_text("// v1\n")
-    sm90, sm90a = [builders.CudaCheck(kernel, "sm_90")], [builders.CudaCheck(kernel, "sm_90a")]
-    assert builders.compile_check_cuda(sm90) and len(compiled) == 1
-    assert "-gencode=arch=compute_90,code=sm_90" in compiled[0]
-    assert not builders.compile_check_cuda(sm90) and len(compiled) == 1
-    assert builders.compile_check_cuda(sm90a) and len(compiled) == 2
-    unoptimised = [builders.CudaCheck(kernel, "sm_90", optimised=False)]
-    assert builders.compile_check_cuda(unoptimised) and "-O0" in compiled[2]
-    header.write_text("// v2\n")
-    assert builders.compile_check_cuda(sm90) and len(compiled) == 4
-
-
-# ptxas's advisories as it printed them (nvcc 13.0, sm_90a): one that it serialized the wgmma of
-# the D = 64 forward (a branch of perf/NOTES.md v45), and an injected arrive, which is harmless.
-SERIALIZED_WGMMA = (
-    "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
-    "serialized due to non wgmma instructions defining accumulator registers of a wgmma between "
-    "start and end of the pipeline stage in the function '_ZN15fixed_attention7kernels5flash7sm90"
-    "_ws28flash_forward_sm90_ws_kernelI13__nv_bfloat16NS2_4TileILi64ELi128ELi3ELb0ELi0ELi3EfLi64E"
-    "EELi0EEEv14CUtensorMap_stS7_S7_S7_PT_PfNS0_16AttentionProblemEbNS2_9SplitTailE'\n"
-)
-INJECTED_ARRIVE = (
-    "ptxas info    : (C7519) warpgroup.arrive is injected in around line 4181 by compiler to "
-    "allow use of registers in GMMA in function '_Z6kernelv'\n"
-)
-
-
-def test_a_serialized_wgmma_fails_the_cuda_check(tmp_path, monkeypatch):
-    """ptxas keeps a kernel whose wgmma it cannot pipeline correct but serialized, far slower,
-    and says so only in an advisory: the check fails on it, in one line naming the kernel, the
-    code and the reason, and remembers no pass. Other advisories pass."""
-    outputs = []
-    monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
-    monkeypatch.setattr(builders, "_require_tool", lambda *_: sys.executable)
-    monkeypatch.setattr(builders, "_run_compiler", lambda command, _: outputs[0])
-    monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: [])
-    kernel = tmp_path / "kernel.cuh"
-    kernel.write_text("// the kernels\n")
-    checks = [builders.CudaCheck(kernel, "sm_90a")]
-    outputs.append(INJECTED_ARRIVE + SERIALIZED_WGMMA)
-    with pytest.raises(KataError) as failure:
-        builders.compile_check_cuda(checks)
-    message = str(failure.value)
-    assert "\n" not in message
-    assert message.startswith("cannot compile-check CUDA sources: ptxas serialized every wgmma of ")
-    assert "flash_forward_sm90_ws_kernel" in message and "C7515: non wgmma instructions" in message
-    assert message.endswith("(kernel.cuh, sm_90a)")
-    assert not (tmp_path / "checks").exists()  # not remembered as passed
-    outputs[0] = INJECTED_ARRIVE
-    assert builders.compile_check_cuda(checks)
-    assert not builders.compile_check_cuda(checks)  # passed, remembered
-
-
-def test_a_serialized_kernel_is_named_as_written(monkeypatch):
-    """The advisory's kernel demangled, without its parameters and the project's namespaces
-    (c++filt); as ptxas printed it where c++filt is missing."""
-    mangled = SERIALIZED_WGMMA.split("'")[1]
-    if shutil.which("c++filt"):
-        assert builders.kernel_name(mangled) == (
-            "flash::sm90_ws::flash_forward_sm90_ws_kernel<__nv_bfloat16, flash::sm90_ws::Tile<64, "
-            "128, 3, false, 0, 3, float, 64>, 0>"
-        )
-    monkeypatch.setattr(builders.shutil, "which", lambda _: None)
-    assert builders.kernel_name(mangled) == mangled
+# ------------------------------------------------------------------------- vendor library
 
 
 def test_stale_vendor_library_is_rebuilt(candidate):
@@ -614,211 +493,6 @@ def test_stale_vendor_library_is_rebuilt(candidate):
     assert not builders.vendor_library_is_current(impl.path, "cpu")
     builders.build_vendor_library(impl.path, "cpu")
     assert builders.vendor_library_is_current(impl.path, "cpu")
-
-
-def test_shipped_checksums_notice_an_edit(tmp_path):
-    copy = tmp_path / "flawed"
-    shutil.copytree(FLAWED_DIR, copy)
-    before = shipped.changed_files(copy)
-    (copy / "attention_wrapper.py").write_text("# edited\n")
-    (copy / "notes.txt").write_text("added\n")
-    assert shipped.changed_files(copy) == sorted({*before, "attention_wrapper.py", "notes.txt"})
-
-
-@pytest.mark.skipif(os.environ.get("CI") != "true", reason="only on CI's clean clone (CI=true)")
-def test_flawed_is_as_shipped_on_a_clean_clone():
-    assert shipped.changed_files() == [], (
-        "kata/toolchain/shipped_flawed.json is stale: run kata checksum"
-    )
-
-
-# --------------------------------------------------------------------- catalog and rubric
-
-
-def test_catalog_ids_are_unique_and_points_total_100():
-    ids = [flaw.id for flaw in CATALOG]
-    assert len(ids) == len(set(ids)) == 12
-    assert sum(flaw.points for flaw in CATALOG) == 100
-
-
-def test_every_flaw_has_three_hints_and_a_location():
-    for flaw in CATALOG:
-        assert len(flaw.hints) == 3 and all(flaw.hints), flaw.id
-        assert flaw.where, flaw.id
-
-
-def test_every_flaw_has_a_probe_and_every_probe_judges_a_flaw():
-    catalogs = list(CATALOG)
-    try:
-        from kata.harness import round2
-    except ModuleNotFoundError:  # a handout has no round two
-        pass
-    else:
-        catalogs += round2.CATALOG
-    assert {flaw.probe_id for flaw in catalogs} == PROBES.keys()
-
-
-def test_rubric_has_one_section_per_flaw_with_the_catalogs_points():
-    rubric = (REPO_ROOT / "rubric.md").read_text()
-    sections = re.findall(
-        r"^## `([a-z0-9-]+)`: (.+?)\n+\*\*Points: (\d+)\*\*", rubric, flags=re.MULTILINE
-    )
-    found = [(flaw_id, int(points)) for flaw_id, _, points in sections]
-    assert found == [(flaw.id, flaw.points) for flaw in CATALOG]
-    titles = {flaw_id: title for flaw_id, title, _ in sections}
-    for flaw in CATALOG:
-        assert titles[flaw.id] == flaw.title, flaw.id
-
-
-def test_rubric_states_each_flaws_partial_credit_as_the_catalog_does():
-    for flaw in CATALOG:
-        section = rubric_section(flaw.id)
-        stated = re.findall(r"\*\*Partial credit: (\d+) points\*\*", section)
-        expected = [str(flaw.partial_points)] if flaw.partial_points else []
-        assert stated == expected, f"{flaw.id}: rubric says {stated}, catalog {expected}"
-        assert flaw.partial_points < flaw.points, flaw.id
-
-
-def test_rubric_names_every_error_type_that_is_never_loud():
-    from kata.harness.judging import UNRELATED_TYPES
-
-    rules = (REPO_ROOT / "rubric.md").read_text().split("## How the review judges", 1)[1]
-    for name in UNRELATED_TYPES:
-        assert f"`{name}`" in rules.split("\n## ", 1)[0], name
-
-
-def test_sanitizer_runner_passes_clean_output_and_fails_otherwise(tmp_path, monkeypatch):
-    """The compute-sanitizer runner of the GPU tests, driven by a stand-in for the tool."""
-    from tests.cuda_support import run_clean
-
-    stand_in = tmp_path / "fake-sanitizer"
-    stand_in.write_text(
-        '#!/bin/sh\ntool="$1"; shift\n"$@"\necho "========= ERROR SUMMARY: $ERRORS errors"\n'
-    )
-    stand_in.chmod(0o755)
-    script = "print('sanitizer script done')\n"
-    clean = "ERROR SUMMARY: 0 errors"
-    monkeypatch.setenv("ERRORS", "0")
-    line = run_clean(str(stand_in), "memcheck", script, tmp_path, clean)
-    assert line == "========= ERROR SUMMARY: 0 errors"
-    monkeypatch.setenv("ERRORS", "3")
-    with pytest.raises(AssertionError, match="memcheck found problems"):
-        run_clean(str(stand_in), "memcheck", script, tmp_path, clean)
-    with pytest.raises(AssertionError, match="did not finish"):
-        run_clean(str(stand_in), "memcheck", "pass\n", tmp_path, clean)
-
-
-def _hold_lock(path: Path) -> subprocess.Popen:
-    """Another review's big-memory probe: a process holding the lock until it is killed."""
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, sys, time\n"
-            "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)\n"
-            "time.sleep(60)",
-            str(path),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout.readline() == "held\n"
-    return holder
-
-
-def test_big_memory_probes_take_turns(tmp_path, monkeypatch, capfd):
-    """Two reviews on one GPU never run int32-sizes at once: the second waits for the lock (and
-    says so), gives up after its patience, and checks the free memory once it holds it."""
-    lock = tmp_path / "big.lock"
-    monkeypatch.setattr(review_module, "BIG_MEMORY_LOCK", lock)
-    free = {"bytes": 80 * 2**30}
-    monkeypatch.setattr(review_module, "free_gpu_bytes", lambda: free["bytes"])
-    holder = _hold_lock(lock)
-    try:
-        with review_module.big_memory_turn(patience=0.5) as cannot:
-            assert cannot == "another review held the GPU's memory for over 0 s"
-        assert "waits for another review's big-memory probe" in capfd.readouterr().err
-    finally:
-        holder.kill()
-        holder.wait()
-    with review_module.big_memory_turn(patience=0.5) as cannot:  # a dead holder frees it
-        assert cannot is None
-    free["bytes"] = 30 * 2**30  # another program took the memory since the review began
-    with review_module.big_memory_turn(patience=0.5) as cannot:
-        assert cannot == "needs about 60 GB of free GPU memory; 30 GB free"
-    readings = iter([30 * 2**30, 30 * 2**30, 70 * 2**30])  # another review's probes end
-    monkeypatch.setattr(review_module, "free_gpu_bytes", lambda: next(readings))
-    with review_module.big_memory_turn(patience=5) as cannot:
-        assert cannot is None
-    assert "waits for 60 GB of GPU memory to be free (30 GB now)" in capfd.readouterr().err
-
-
-def test_big_memory_patience_counts_per_holder(tmp_path, monkeypatch):
-    """A queue of reviews, each holding the lock for less than the patience, is waited out: the
-    patience restarts when the lock changes hands (its holder's token changes). With one
-    deadline for the whole wait, eight reviews at once on an H200 skipped int32-sizes."""
-    lock = tmp_path / "big.lock"
-    monkeypatch.setattr(review_module, "BIG_MEMORY_LOCK", lock)
-    monkeypatch.setattr(review_module, "free_gpu_bytes", lambda: 80 * 2**30)
-    holder = os.open(lock, os.O_RDWR | os.O_CREAT)
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    os.pwrite(holder, b"review 1", 0)  # what each holder writes: a token of its own
-    outcome = {}
-
-    def wait_for_turn():
-        with review_module.big_memory_turn(patience=1.0) as cannot:
-            outcome["cannot"] = cannot
-
-    waiter = threading.Thread(target=wait_for_turn)
-    waiter.start()
-    try:
-        time.sleep(0.7)
-        os.pwrite(holder, b"review 2", 0)  # the lock passes to the next review in line
-        time.sleep(0.7)  # 1.4 s in all, each holder 0.7 s
-    finally:
-        fcntl.flock(holder, fcntl.LOCK_UN)
-        os.close(holder)
-    waiter.join(timeout=10)
-    assert outcome == {"cannot": None}
-
-
-def test_big_memory_queue_has_an_end(tmp_path, monkeypatch):
-    """A lock whose token keeps changing (a long queue, or anyone writing the file) is waited
-    for QUEUE_PATIENCE holders' patience in all, then the probe is skipped, never hung."""
-    lock = tmp_path / "big.lock"
-    monkeypatch.setattr(review_module, "BIG_MEMORY_LOCK", lock)
-    holder = os.open(lock, os.O_RDWR | os.O_CREAT)
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    stop = threading.Event()
-
-    def rotate_tokens():
-        for n in range(1000):
-            if stop.wait(0.2):
-                return
-            os.pwrite(holder, f"review {n:03d}".encode(), 0)
-
-    rotator = threading.Thread(target=rotate_tokens)
-    rotator.start()
-    try:
-        started = time.monotonic()
-        with review_module.big_memory_turn(patience=0.5) as cannot:
-            waited = time.monotonic() - started
-    finally:
-        stop.set()
-        rotator.join()
-        os.close(holder)
-    assert cannot == "other reviews held the GPU's memory for over 2 s in all"
-    assert 2.0 <= waited < 5.0, waited
-
-
-def test_only_a_gpu_too_small_skips_big_memory_before_the_turn():
-    """Free memory at the review's start is not the verdict: other reviews' probes hold it for a
-    moment. Only a GPU with too little memory in all skips int32-sizes before its turn."""
-    flaw = next(flaw for flaw in CATALOG if Need.BIG_MEMORY in flaw.needs)
-    busy_h100 = review_module.Machine("H100", "cuda", 1, 20 * 2**30, 79 * 2**30)
-    assert busy_h100.skip_reason(flaw) is None
-    small = review_module.Machine("L4", "cuda", 1, 22 * 2**30, 22 * 2**30)
-    assert small.skip_reason(flaw) == "needs about 60 GB of GPU memory; this GPU has 22 GB"
 
 
 GUARD_CHECK = """

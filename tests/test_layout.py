@@ -1,5 +1,6 @@
-"""The layout shows its readers, and stays that way: no import cycle, no module over 600 lines,
-each role's package depends only on the ones below it, and no CUDA kernel includes torch.
+"""The layout shows its readers, and stays that way: no import cycle, no source over 600 lines
+(Python, CUDA and C++, tests and perf/ included), each role's package depends only on the ones
+below it, and no CUDA kernel includes torch.
 
 Imports are read from the syntax tree (those inside functions too), never by importing."""
 
@@ -14,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("kata", "bench", "fixed")
 MAX_LINES = 600
+SOURCE_SUFFIXES = {".py", ".cu", ".cuh", ".cpp", ".h"}
 # What each part of kata/ may import of kata/ itself: the harness judges, the two readers'
 # tools each build on it and never on each other, the toolchain stands alone.
 MAY_IMPORT = {
@@ -132,9 +134,20 @@ def test_the_harness_never_imports_a_readers_tools():
             assert not any(target.startswith(readers) for target in graph[module]), module
 
 
-@pytest.mark.parametrize("name", sorted(modules()))
+def sources(root: Path = REPO) -> dict[str, Path]:
+    """Every Python, CUDA and C++ source of the project (its packages, tests, perf/ and the
+    candidate's flawed/), by its path from the root; builds excluded."""
+    found = {}
+    for top in (*PACKAGES, "tests", "perf", "flawed"):
+        for path in sorted((root / top).rglob("*")):
+            if path.suffix in SOURCE_SUFFIXES and "_build" not in path.parts:
+                found[path.relative_to(root).as_posix()] = path
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(sources()))
 def test_no_module_over_600_lines(name):
-    lines = len(modules()[name].read_text().splitlines())
+    lines = len(sources()[name].read_text().splitlines())
     assert lines <= MAX_LINES, f"{name}: {lines} lines"
 
 
