@@ -117,6 +117,15 @@ def find_compute_sanitizer() -> str | None:
     return find_cuda_tool("compute-sanitizer")
 
 
+def sanitize(tool: str, script: str, workdir: Path, clean: str) -> None:
+    """run_clean under the compute-sanitizer found here, its summary line printed for the log;
+    the test skips, saying so, where there is none."""
+    sanitizer = find_compute_sanitizer()
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer is not on PATH (nor in CUDA_HOME/bin)")
+    print(run_clean(sanitizer, tool, script, workdir, clean))
+
+
 def run_clean(sanitizer: str, tool: str, script: str, workdir: Path, clean: str) -> str:
     """Run `script` (Python source that prints "sanitizer script done" at its end) under
     `sanitizer --tool=tool`; assert it finished and the output says `clean`. Returns the

@@ -17,14 +17,13 @@ from kata.harness.reference import TOLERANCE, attention, attention_with_grads, r
 from tests.cuda_support import (
     NEEDS_CUDA,
     dtype_id,
-    find_compute_sanitizer,
     fixed_with_cuda_kernels,
     lse_error,
     make_inputs,
     poison_allocator,
     randn,
     replay_hint,
-    run_clean,
+    sanitize,
     seed_fixture,
 )
 
@@ -538,7 +537,4 @@ SANITIZER_SCRIPT = textwrap.dedent(
     ],
 )
 def test_compute_sanitizer(fixed, tmp_path, tool, clean):
-    sanitizer = find_compute_sanitizer()
-    if sanitizer is None:
-        pytest.skip("compute-sanitizer is not on PATH (nor in CUDA_HOME/bin)")
-    print(run_clean(sanitizer, tool, SANITIZER_SCRIPT, tmp_path, clean))  # for the log
+    sanitize(tool, SANITIZER_SCRIPT, tmp_path, clean)

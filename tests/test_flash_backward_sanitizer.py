@@ -12,9 +12,8 @@ import pytest
 from tests.cuda_support import (
     NEEDS_CUDA,
     TENSOR_CORE_SANITIZER_TOOLS,
-    find_compute_sanitizer,
     fixed_with_cuda_kernels,
-    run_clean,
+    sanitize,
 )
 
 pytestmark = NEEDS_CUDA
@@ -132,7 +131,4 @@ SANITIZER_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize(("tool", "clean"), TENSOR_CORE_SANITIZER_TOOLS)
 def test_compute_sanitizer_on_the_tensor_core_backward(fixed, tmp_path, tool, clean):
-    sanitizer = find_compute_sanitizer()
-    if sanitizer is None:
-        pytest.skip("compute-sanitizer is not on PATH (nor in CUDA_HOME/bin)")
-    print(run_clean(sanitizer, tool, SANITIZER_SCRIPT, tmp_path, clean))  # for the log
+    sanitize(tool, SANITIZER_SCRIPT, tmp_path, clean)

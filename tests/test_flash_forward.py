@@ -23,7 +23,6 @@ from tests.cuda_support import (
     NEEDS_CUDA,
     TENSOR_CORE_SANITIZER_TOOLS,
     dtype_id,
-    find_compute_sanitizer,
     find_cuda_tool,
     fixed_with_cuda_kernels,
     lse_error,
@@ -31,7 +30,7 @@ from tests.cuda_support import (
     poison_allocator,
     randn,
     replay_hint,
-    run_clean,
+    sanitize,
     seed_fixture,
 )
 
@@ -427,7 +426,4 @@ SANITIZER_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize(("tool", "clean"), TENSOR_CORE_SANITIZER_TOOLS)
 def test_compute_sanitizer_on_the_tensor_core_kernel(fixed, tmp_path, tool, clean):
-    sanitizer = find_compute_sanitizer()
-    if sanitizer is None:
-        pytest.skip("compute-sanitizer is not on PATH (nor in CUDA_HOME/bin)")
-    print(run_clean(sanitizer, tool, SANITIZER_SCRIPT, tmp_path, clean))  # for the log
+    sanitize(tool, SANITIZER_SCRIPT, tmp_path, clean)

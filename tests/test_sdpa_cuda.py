@@ -16,9 +16,8 @@ import torch
 from tests.cuda_support import (
     NEEDS_CUDA,
     dtype_id,
-    find_compute_sanitizer,
     fixed_with_cuda_kernels,
-    run_clean,
+    sanitize,
 )
 from tests.sdpa_support import keep_mask, peer_check, peer_reference, peer_slack, rng_fixture
 
@@ -396,7 +395,4 @@ SANITIZER_SCRIPT = textwrap.dedent(
     ],
 )
 def test_compute_sanitizer_on_masks_gqa_and_odd_head_dims(fixed, tmp_path, tool, clean):
-    sanitizer = find_compute_sanitizer()
-    if sanitizer is None:
-        pytest.skip("compute-sanitizer is not on PATH (nor in CUDA_HOME/bin)")
-    print(run_clean(sanitizer, tool, SANITIZER_SCRIPT, tmp_path, clean))  # for the log
+    sanitize(tool, SANITIZER_SCRIPT, tmp_path, clean)
