@@ -102,7 +102,7 @@ def big_memory_turn(patience: float):
         # new token restarts the wait. Eight reviews side by side (the adversarial tests at -n 8
         # on an H200) queued for over 150 s in all, though each held the lock for less. The
         # queue as a whole gets QUEUE_PATIENCE holders' worth, so that a file whose token keeps
-        # changing (anyone may write it) cannot hold a review forever.
+        # changing (any process that can write the file) cannot hold a review forever.
         now = time.monotonic()
         deadline, give_up, said = now + patience, now + QUEUE_PATIENCE * patience, False
         holder = _lock_token(fd)
