@@ -27,7 +27,9 @@
 //      the workspace with one 64 KB bulk reduction (cp.reduce.async.bulk .add.f32).
 // Q, dO, lse and delta are double-buffered: block m0 + 1's copies are issued after the barrier
 // of step 4, into the region whose stage the reduction issued at the top has read by then (the
-// issuing thread waits for that read before the barrier).
+// issuing thread waits for that read before the barrier). The item's last block issues the next
+// item's first block there, and the next item's K and V into L2, so that the prologue, which
+// every CTA reaches at about the same time, loads K and V alone, from L2 (perf/NOTES.md, v51).
 // Causal, tails, masks, dropout, GQA, E and Ev as they are (kAsIs): as flash_backward_sm90_cta.cuh
 // (hidden blocks are skipped with dropout too).
 // The mask's entries are read from global memory into registers while S^T runs (a mask at these
@@ -132,9 +134,36 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
   const bool skips = kArgs != kNoArgs && skips_hidden_blocks(p);
   const bool skips_zero = has_mask && skips_zero_blocks(p);
 
-  for (int64_t item = blockIdx.x; item < p.batch * key_blocks; item += gridDim.x) {
-    const int64_t b = longest_first ? item % p.batch : item / key_blocks;
-    const int64_t n0 = (longest_first ? item / p.batch : item % key_blocks) * BN;
+  const int64_t items = p.batch * key_blocks;
+  struct KeyBlock {
+    int64_t b, n0;  // batch item, first key
+  };
+  const auto key_block_of = [&](int64_t item) {
+    return KeyBlock{longest_first ? item % p.batch : item / key_blocks,
+                    (longest_first ? item / p.batch : item % key_blocks) * BN};
+  };
+  // The first query block after m that key block n0 of batch item b sees.
+  const auto visible_after = [&](int64_t b, int64_t n0, int64_t m) {
+    do {
+      m += BM;
+    } while (skips && m < L && hidden_block(p, b, m, BM, n0, BN));
+    return m;
+  };
+  // Query block m0's Q, dO, lse and delta into region `region` (0 or 1) and its stats buffer.
+  const auto load_queries = [&](uint32_t region, int64_t b, int64_t m0) {
+    const uint32_t at = regions + region * 2 * F::kTileBytes;
+    const uint32_t stats_at = stats + region * F::kStatsBytes;
+    load_tile_sw128<F, BM>(at, q + (b * L + m0) * E, L - m0, tid, E);
+    load_tile_sw128<F, BM>(at + F::kTileBytes, dout + (b * L + m0) * Ev, L - m0, tid, Ev);
+    load_row_stats<BM>(stats_at, stats_at + BM * 4, lse_log2 + b * rows_padded + m0,
+                       delta + b * rows_padded + m0, tid);
+  };
+  uint32_t region_turn = 0;         // the region of the next block's Q and dO
+  bool first_block_loaded = false;  // by the previous item's last block, into region_turn
+
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const KeyBlock here = key_block_of(item);
+    const int64_t b = here.b, n0 = here.n0;
     const void* const mask_b = has_mask ? mask_slice_of(p, b) : nullptr;
     const int64_t dk_b = b * S * E, dv_b = b * S * Ev;
     // Whether this thread's keys (rows g and g + 8 of the warp's 16) lie past S: step 3 sets
@@ -143,26 +172,20 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
     const bool past_s[2] = {first_key >= S, first_key + 8 >= S};
     const int64_t k_read = (b / p.kv_group) * S * E, v_read = (b / p.kv_group) * S * Ev;
     const int64_t m_begin = p.causal ? n0 : 0;  // BM = BN: the block holding row n0
-    const auto next_visible = [&](int64_t m) {
-      do {
-        m += BM;
-      } while (skips && m < L && hidden_block(p, b, m, BM, n0, BN));
-      return m;
-    };
+    const auto next_visible = [&](int64_t m) { return visible_after(b, n0, m); };
     int64_t m0 = next_visible(m_begin - BM);
     int64_t done_m0 = -1;  // the last block computed, whose dQ is staged in done_stage
     uint32_t done_stage = regions;
 
-    // K, V and the first block's Q, dO, lse, delta (region 0: free, the epilogue of the previous
-    // item waited until its last stage was read).
+    // K, V (the tiles are free: the previous item's epilogue has read them), and the first
+    // block's Q, dO, lse, delta unless the previous item's last block loaded them (region_turn:
+    // free, its last stage was read before that block's barrier of step 4).
     load_tile_sw128<F, BN>(k_tile, k + k_read + n0 * E, S - n0, tid, E);
     load_tile_sw128<F, BN>(v_tile, v + v_read + n0 * Ev, S - n0, tid, Ev);
-    if (m0 < L) {
-      load_tile_sw128<F, BM>(regions, q + (b * L + m0) * E, L - m0, tid, E);
-      load_tile_sw128<F, BM>(regions + F::kTileBytes, dout + (b * L + m0) * Ev, L - m0, tid, Ev);
-      load_row_stats<BM>(stats, stats + BM * 4, lse_log2 + b * rows_padded + m0,
-                         delta + b * rows_padded + m0, tid);
+    if (m0 < L && !first_block_loaded) {
+      load_queries(region_turn, b, m0);
     }
+    first_block_loaded = false;
     cp_async_commit();
 
     float dk_acc[64];
@@ -175,7 +198,8 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
 
 #pragma unroll 1
     for (int it = 0; m0 < L; ++it) {
-      const uint32_t buf = static_cast<uint32_t>(it & 1);
+      const uint32_t buf = region_turn;
+      region_turn ^= 1u;
       const uint32_t q_buf = regions + buf * 2 * F::kTileBytes;
       const uint32_t do_buf = q_buf + F::kTileBytes;
       const uint32_t lse_buf = stats + buf * F::kStatsBytes;
@@ -188,6 +212,15 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
         bulk_commit_group();
       }
       const int64_t following = next_visible(m0);
+      if (following >= L && tid == 32 && item + gridDim.x < items) {
+        // The item's last block: the next item's K and V into L2 while it runs, so that its
+        // prologue does not wait on DRAM with every other CTA at once (the rounds stay in step).
+        const KeyBlock next = key_block_of(item + gridDim.x);
+        const int64_t kv_b = next.b / p.kv_group;
+        const auto keys = static_cast<uint32_t>(min64(S - next.n0, BN));
+        bulk_prefetch_l2(k + (kv_b * S + next.n0) * E, keys * E * sizeof(T));
+        bulk_prefetch_l2(v + (kv_b * S + next.n0) * Ev, keys * Ev * sizeof(T));
+      }
 
       // 1, 2: S^T = K Q^T, dP^T = V dO^T over this warpgroup's 32 queries. k-step ks: head dims
       // 16 ks .. + 15, run ks / 4, 32 bytes into each 128-byte row.
@@ -300,16 +333,17 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
       }
       __syncthreads();  // both halves of P^T and dS^T are stored; the other region is free
 
-      // The next block's Q, dO, lse, delta into the other region and stats buffer.
+      // The next block's Q, dO, lse, delta into the other region and stats buffer; after the
+      // item's last block, the next item's first block (its prologue then loads K and V alone).
       if (following < L) {
-        const uint32_t other = regions + (buf ^ 1u) * 2 * F::kTileBytes;
-        const uint32_t other_stats = stats + (buf ^ 1u) * F::kStatsBytes;
-        load_tile_sw128<F, BM>(other, q + (b * L + following) * E, L - following, tid, E);
-        load_tile_sw128<F, BM>(other + F::kTileBytes, dout + (b * L + following) * Ev,
-                               L - following, tid, Ev);
-        load_row_stats<BM>(other_stats, other_stats + BM * 4,
-                           lse_log2 + b * rows_padded + following,
-                           delta + b * rows_padded + following, tid);
+        load_queries(buf ^ 1u, b, following);
+      } else if (item + gridDim.x < items) {
+        const KeyBlock next = key_block_of(item + gridDim.x);
+        const int64_t next_m0 = visible_after(next.b, next.n0, (p.causal ? next.n0 : 0) - BM);
+        if (next_m0 < L) {
+          load_queries(buf ^ 1u, next.b, next_m0);
+          first_block_loaded = true;
+        }
       }
       cp_async_commit();  // possibly empty: keeps the group count uniform
 
@@ -405,10 +439,8 @@ __device__ __forceinline__ void wgmma_backward_wide_cta(
         }
       }
     }
-    if (tid == 0) {
-      bulk_wait_group_read_all();  // the next item's first copies overwrite region 0 or 1
-    }
-    __syncthreads();  // ... and K and V
+    __syncthreads();  // the next item's copies overwrite K and V (the stage's region waits at
+                      // its first block's barrier of step 4)
   }
   if (tid == 0) {
     bulk_wait_group_all();  // the stage is read and dq_accum written before the CTA exits

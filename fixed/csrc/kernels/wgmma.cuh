@@ -92,6 +92,12 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* destination, uint32_t
       "r"(source), "r"(bytes)
       : "memory");
 }
+// Asks the TMA unit to bring `bytes` of global memory at `source` into L2 (no destination, no
+// completion to wait for). `source` 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* source, uint32_t bytes) {
+  FIXED_WGMMA_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(source), "r"(bytes)
+                  : "memory");
+}
 __device__ __forceinline__ void bulk_commit_group() {
   FIXED_WGMMA_ASM("cp.async.bulk.commit_group;\n" ::: "memory");
 }
