@@ -312,6 +312,32 @@ def test_cases_judged_in_lanes_keep_their_verdicts_and_a_hang_its_case(candidate
     assert evidence.endswith("timed out after 8 s during case 'meta inputs'"), evidence
 
 
+def test_a_timeout_names_the_case_open_longest_and_a_death_the_last():
+    """The messages of a GPU machine's device probe that ran out of time under load: lane 2
+    hung in 'meta inputs' while lane 1, slow, started a fresh runner after its fault and
+    reported that runner's checked call. The hang is lane 2's; a death is the last case's.
+    Lane 0 (the probe's own) waits while lanes judge, and counts again once they are done."""
+    from kata.harness.isolation import _open_case
+
+    checked = "a checked (2, 64, 64) float32 call before the probe's own"
+    messages = [
+        {"case": "before the lanes", "lane": 0},
+        {"case": "cpu inputs on a CUDA machine", "lane": 1},
+        {"case": "cpu query, cuda others", "lane": 2},
+        {"case": "cpu key, cuda others", "lane": 3},
+        {"lane_done": 3},
+        {"case": "meta inputs", "lane": 2},
+        {"failure": "cpu inputs on a CUDA machine: CUDA failed after the call returned"},
+        {"case": checked, "lane": 1},
+    ]
+    assert _open_case(messages, longest=True) == "meta inputs"
+    assert _open_case(messages) == checked
+    done = [*messages, {"lane_done": 1}, {"lane_done": 2}, {"case": "a valid call", "lane": 0}]
+    assert _open_case(done, longest=True) == _open_case(done) == "a valid call"
+    assert _open_case(messages[:1], longest=True) == "before the lanes"
+    assert _open_case([], longest=True) is None
+
+
 def test_refusing_everything_is_not_loud(candidate):
     """Loud counts only while valid calls still work: a wrapper that raises on every call, with
     a message naming every problem, must not pass the input probes."""

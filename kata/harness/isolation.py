@@ -265,7 +265,7 @@ def run_isolated(
                 _running.discard(process)
     returncode = process.returncode
     messages = _messages(stdout)
-    last_case = _last_open_case(messages)
+    last_case = _open_case(messages, longest=timed_out)
     during = f" during case '{last_case}'" if last_case else ""
     verdicts = [m["verdict"] for m in messages if "verdict" in m]
     if len(verdicts) == 1 and returncode == 0 and not timed_out:
@@ -289,9 +289,12 @@ def run_isolated(
     return ProbeResult("present", "; ".join([*found, end]), last_case)
 
 
-def _last_open_case(messages: list[dict]) -> str | None:
-    """The case the judge reported last in a lane that had not finished (judging.judge_cases):
-    where a probe that ran out of time or died was. Lane 0 is the probe's own."""
+def _open_case(messages: list[dict], *, longest: bool = False) -> str | None:
+    """Where a probe that died or ran out of time was: the case its judge reported last, among
+    the lanes that had not finished (judging.judge_cases; lane 0 is the probe's own). With
+    `longest` (a timeout), the case open the longest instead: with lanes, the one that hangs
+    stays open while a slow lane goes on reporting, so the last one reported is the slow lane's
+    (seen on a loaded GPU machine, a fresh runner's checked call named in place of the hang)."""
     open_cases: dict[int, str] = {}
     for message in messages:
         if "case" in message:
@@ -300,6 +303,10 @@ def _last_open_case(messages: list[dict]) -> str | None:
             open_cases[lane] = message["case"]
         elif "lane_done" in message:
             open_cases.pop(message["lane_done"], None)
+    if longest:
+        # Lane 0 waits while lanes judge: its case is theirs only when no lane is open.
+        in_lanes = [case for lane, case in open_cases.items() if lane != 0]
+        return next(iter(in_lanes), open_cases.get(0))
     return next(reversed(open_cases.values()), None)
 
 
