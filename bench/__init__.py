@@ -30,7 +30,8 @@ and the args rows of one case, shape and pass, are timed together (alternate): e
 runs one batch per round, so that a drift of the GPU's clock lands on all of them alike, in orders
 where each follows every other one equally often, each batch after untimed calls of its own (on a
 GPU, ~30 ms: what the previous batch left behind, its clock or heat, is not timed); their rows keep
-each batch's median and the SM clock NVML read after the batches (sm_clock_mhz).
+each batch's median and the SM clock NVML read after it (batch_medians_ms,
+batch_sm_clock_mhz; sm_clock_mhz, their median).
 
 FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·L·S·D, halved when causal; the
 backward 2.5x the forward, so forward+backward 3.5x.

@@ -5,8 +5,9 @@ Timed one after the other, each implementation's runs sit in a block of their ow
 the GPU (its clock under power or heat, a neighbour's load) lands on one block and not on the
 next: their ratio then measures the drift as much as the kernels. Here each implementation gets a
 batch in every round and its median is over all of its batches. Each batch's median stays in the
-row (their spread says how steady it was), beside the SM clock NVML reported after each batch (a
-row timed at a lower clock shows).
+row (their spread says how steady it was), beside the SM clock NVML reported after it (a batch
+timed at a lower clock shows: an H200's args rows fell in two groups of batches 12% apart, in
+fixed's row and SDPA's alike, perf/NOTES.md v52).
 
 A batch can also inherit what its predecessor left behind (the clock of a power-capped GPU, its
 heat), and a rotating order keeps the same predecessors together. An H200 bench with the order only
@@ -120,6 +121,7 @@ def alternate(
     marks its row and drops it from later rounds."""
     for entry in entries:
         entry.row["batch_medians_ms"] = []
+        entry.row["batch_sm_clock_mhz"] = []  # after each batch, beside its median; None: unread
     orders = williams_orders(len(entries))
     for round_ in range(rounds):
         for k in orders[round_ % len(orders)]:
@@ -146,12 +148,15 @@ def alternate(
                 continue
             entry.times += times
             entry.row["batch_medians_ms"].append(statistics.median(times))
-            if (mhz := clock.mhz()) is not None:
+            mhz = clock.mhz()
+            entry.row["batch_sm_clock_mhz"].append(mhz)
+            if mhz is not None:
                 entry.clocks.append(mhz)
     for entry in entries:
         row = entry.row
         if row["status"] != "ok" or not entry.times:
             row.pop("batch_medians_ms", None)
+            row.pop("batch_sm_clock_mhz", None)
             continue
         row["median_ms"] = statistics.median(entry.times)
         row["runs"] = len(entry.times)

@@ -46,7 +46,16 @@ from bench.cases import (
 BEST = "sdpa best"  # the implementation of the best rows
 UNCHECKED = "ok (unchecked: dropout's mask differs from SDPA's by design)"
 # A backend's fields that its best row takes.
-_COPIED = ("median_ms", "runs", "tflops", "rel_error", "status", "batch_medians_ms", "sm_clock_mhz")
+_COPIED = (
+    "median_ms",
+    "runs",
+    "tflops",
+    "rel_error",
+    "status",
+    "batch_medians_ms",
+    "batch_sm_clock_mhz",
+    "sm_clock_mhz",
+)
 
 
 @dataclass(frozen=True)

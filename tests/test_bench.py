@@ -207,6 +207,7 @@ def test_llm_rows_are_timed_in_alternating_batches(cpu_bench):
     for row in rows.values():
         assert len(row["batch_medians_ms"]) == settings.alternate_rounds, row
         assert row["runs"] >= settings.alternate_rounds and row["sm_clock_mhz"] is None, row
+        assert row["batch_sm_clock_mhz"] == [None] * settings.alternate_rounds, row
     report = {"settings": settings.to_json(), "sm_clock": runner.clock.why_not}
     line = table._llm_instrument(list(rows.values()), report)
     assert f"over {settings.alternate_rounds} alternating batches" in line, line
@@ -246,6 +247,17 @@ def test_alternate_rotates_the_order_and_records_every_batch():
         # Input sets 1, 2, 3, 0, 1, 2: rotated through, never the checked call's alone.
         assert row["median_ms"] == pytest.approx(ms + 0.015), row
         assert 1000 <= row["sm_clock_mhz"] < 2000, row
+    # Each batch's clock beside its median, in the order the batches ran (FakeClock counts up).
+    clocks = [entry.row["batch_sm_clock_mhz"] for entry in entries]
+    assert clocks == [[1000, 1050, 1070], [1010, 1030, 1080], [1020, 1040, 1060]], clocks
+    assert all(
+        entry.row["sm_clock_mhz"] == clock[1] for entry, clock in zip(entries, clocks, strict=True)
+    )
+    line = table._llm_instrument([entry.row for entry in entries], {})
+    assert "SM clock after each batch 1000-1080 MHz (each batch's in JSON)" in line, line
+    # A run that kept each row's median only (before batch_sm_clock_mhz): its range.
+    medians = [{"sm_clock_mhz": entry.row["sm_clock_mhz"]} for entry in entries]
+    assert "batch 1030-1050 MHz" in table._llm_instrument(medians, {})
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
