@@ -306,13 +306,14 @@ def _llm_instrument(rows, report) -> str:
     if rounds:
         text += f" over {rounds} alternating batches (fixed, SDPA, its backends in balanced orders"
         text += f"; each batch after {settle:g} ms of its own calls untimed)" if settle else ")"
-    # Each batch's reading where the run kept them (batch_sm_clock_mhz), else each row's median.
-    clocks = [
-        mhz for r in rows for mhz in (r.get("batch_sm_clock_mhz") or [r.get("sm_clock_mhz")]) if mhz
-    ]
+    # Each batch's reading where the run kept them (batch_sm_clock_mhz), else each row's median
+    # (a run from before them: its table as it printed then).
+    per_batch = [mhz for r in rows for mhz in r.get("batch_sm_clock_mhz") or [] if mhz]
+    clocks = per_batch or [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz")]
     if clocks:
         low, high = min(clocks), max(clocks)
-        text += f"; SM clock after each batch {low:.0f}-{high:.0f} MHz (each batch's in JSON)"
+        where = "each batch's" if per_batch else "per row"
+        text += f"; SM clock after each batch {low:.0f}-{high:.0f} MHz ({where} in JSON)"
     elif report.get("sm_clock"):
         text += f"; SM clock: {report['sm_clock']}"
     return text

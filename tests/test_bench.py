@@ -257,7 +257,7 @@ def test_alternate_rotates_the_order_and_records_every_batch():
     assert "SM clock after each batch 1000-1080 MHz (each batch's in JSON)" in line, line
     # A run that kept each row's median only (before batch_sm_clock_mhz): its range.
     medians = [{"sm_clock_mhz": entry.row["sm_clock_mhz"]} for entry in entries]
-    assert "batch 1030-1050 MHz" in table._llm_instrument(medians, {})
+    assert "batch 1030-1050 MHz (per row in JSON)" in table._llm_instrument(medians, {})
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
