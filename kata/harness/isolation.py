@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,7 +220,7 @@ def run_isolated(
     """Run one probe in a child process and turn whatever happens into a ProbeResult.
     `kernel_library`: the shipped vendor kernel, whose answers a wrapper must return."""
     env = _judge_env()
-    with tempfile.TemporaryDirectory(prefix=f"kata-{probe_id}-") as scratch:
+    with scratch_directory(f"kata-{probe_id}-") as scratch:
         cwd = workdir or Path(scratch)
         spec = {
             "probe": probe_id,
@@ -261,6 +262,7 @@ def run_isolated(
             stdout, stderr = process.communicate()
             timed_out = True
         finally:
+            lifeline.end_group(process.pid)  # what its runners left running, before the cleanup
             with _running_lock:
                 _running.discard(process)
     returncode = process.returncode
@@ -287,6 +289,28 @@ def run_isolated(
     else:
         end = endings.death(returncode, stderr) + during
     return ProbeResult("present", "; ".join([*found, end]), last_case)
+
+
+@contextlib.contextmanager
+def scratch_directory(prefix: str):
+    """A probe's scratch directory, removed afterwards even if something still writes into it: a
+    process that left its group (os.setsid) outlives the probe's group. The removal is tried for
+    up to 2 s; what is still there then stays in the temporary directory rather than ending the
+    review with a traceback."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        for _ in range(20):
+            try:
+                shutil.rmtree(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _open_case(messages: list[dict], *, longest: bool = False) -> str | None:

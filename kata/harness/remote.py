@@ -206,6 +206,7 @@ class Remote:
         except subprocess.TimeoutExpired:
             os.kill(self.process.pid, signal.SIGKILL)
             returncode = self.process.wait()
+        self._end_its_group()
         self.drainer.join(timeout=5)  # what it said last, a C library's abort message say
         if self.signal_exits and 128 < returncode < 128 + 65:
             returncode = 128 - returncode
@@ -218,3 +219,13 @@ class Remote:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.kill(self.process.pid, signal.SIGKILL)
+        if self.process is not None:
+            self._end_its_group()
+
+    def _end_its_group(self) -> None:
+        """A zygote's runner leads a session of its own: what it left running ends with it. A
+        runner started here is in the judge's group, which its probe's end kills
+        (isolation.run_isolated)."""
+        if self.fork_request is not None:
+            self.process.wait()
+            lifeline.end_group(self.process.pid)
