@@ -220,7 +220,7 @@ def run_isolated(
     """Run one probe in a child process and turn whatever happens into a ProbeResult.
     `kernel_library`: the shipped vendor kernel, whose answers a wrapper must return."""
     env = _judge_env()
-    with scratch_directory(f"kata-{probe_id}-") as scratch:
+    with _scratch_directory(f"kata-{probe_id}-") as scratch:
         cwd = workdir or Path(scratch)
         spec = {
             "probe": probe_id,
@@ -292,7 +292,7 @@ def run_isolated(
 
 
 @contextlib.contextmanager
-def scratch_directory(prefix: str):
+def _scratch_directory(prefix: str):
     """A probe's scratch directory, removed afterwards even if something still writes into it: a
     process that left its group (os.setsid) outlives the probe's group. The removal is tried for
     up to 2 s; what is still there then stays in the temporary directory rather than ending the
