@@ -87,6 +87,12 @@ CASES = {
         "causal-128": (4, 2048, 128, "causal", 0.0),
         "causal-128-8192": (1, 8192, 128, "causal", 0.0),
     },
+    "llm": {  # issue 30's forward cells at B = 4 that the groups above leave out
+        "llm-64-4096": (4, 4096, 64, None, 0.0),
+        "llm-128-4096": (4, 4096, 128, None, 0.0),
+        "llm-128-8192": (4, 8192, 128, None, 0.0),
+        "llm-causal-128-4096": (4, 4096, 128, "causal", 0.0),
+    },
     "float32": {  # head dim 128: about 20 s a case at S >= 2048
         "f32-128": (4, 2048, 128, None, 0.0, torch.float32),
         "f32-128-8192": (1, 8192, 128, None, 0.0, torch.float32),
