@@ -77,7 +77,7 @@ def mix(body: list[dict[str, str]], reason: str) -> dict[str, Counter]:
         op = opcode(line["Source"])
         totals["executed"][op] += number(line[EXECUTED])
         totals["samples"][op] += number(line[SAMPLES])
-        totals[reason][op] += number(line.get(column, "0"))
+        totals[reason][op] += number(line[column])
     return totals
 
 
@@ -107,7 +107,7 @@ def report(kernels: list[tuple[str, list[dict[str, str]]]], reason: str, top: in
             if op not in chosen:
                 chosen.append(op)
     cell = f"{'executed':>9} {'samples':>8} {reason[:8]:>8}"
-    lines.append(f"{'opcode':34s} " + " | ".join(f"{cell}" for _ in mixes))
+    lines.append(f"{'opcode':34s} " + " | ".join([cell] * len(mixes)))
     for op in chosen:
         cells = [
             f"{share(t['executed'], op):>9} {share(t['samples'], op):>8} {share(t[reason], op):>8}"
@@ -149,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.top < 1:
             raise Failure(f"--top {args.top}: at least 1")
         kernels = [read(path) for path in args.csv]
+        for path, (_, body) in zip(args.csv, kernels, strict=True):
+            if f"stall_{args.reason}" not in body[0]:
+                reasons = ", ".join(k[6:] for k in body[0] if re.fullmatch(r"stall_\w+", k))
+                raise Failure(
+                    f"{path}: no column 'stall_{args.reason}' (reasons: {reasons or 'none'})"
+                )
         lines = report(kernels, args.reason, args.top)
         if args.waits:
             lines += waits(kernels)

@@ -104,11 +104,13 @@ def test_bad_input_gets_one_line(tmp_path):
     not_ncu = run(str(write(tmp_path, "other.csv", "a,b\n1,2\n")))
     no_counters = run(str(write(tmp_path, "plain.csv", '"Address","Source"\n"0x1","NOP"\n')))
     three = run(*(str(write(tmp_path, f"{i}.csv", FIXED)) for i in range(3)))
+    typo = run(str(write(tmp_path, "fixed.csv", FIXED)), "--reason", "wiat")
     for result, words in (
         (missing, "No such file"),
         (not_ncu, "not ncu's source page as CSV"),
         (no_counters, "collect the SourceCounters section"),
         (three, "3 files: give one or two"),
+        (typo, "no column 'stall_wiat' (reasons: wait)"),
     ):
         assert result.returncode == 2
         lines = result.stderr.strip().splitlines()
