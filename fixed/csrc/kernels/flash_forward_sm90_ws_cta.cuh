@@ -438,13 +438,26 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
           release(bar.q_empty(), lane);
         }
         take_scores(block);
+        const auto finish_previous = [&] {  // P_(j-1) V_(j-1): O may be rescaled, V reused
+          wgmma_wait_group<0>();
+          wgmma_fence_operands(o);
+          wgmma_fence_fragments(p_frag);
+          release(bar.v_empty(previous), lane);
+        };
+        // Without ping-pong, the wait for P V goes before the softmax, where ptxas puts it
+        // anyway (it moves the wait to the top of its basic block; perf/NOTES.md, v48, v49),
+        // and O's rescale, unconditional, and P's packing join the softmax's block: ptxas then
+        // fills the gaps of the exponentials' stream with them (v54). With ping-pong (D = 128
+        // and up) the other warpgroup's products hide the softmax; the vote skips the rescale.
+        if constexpr (!F::kPingPong) {
+          finish_previous();
+        }
         const bool grew =
             softmax_step<F>(s, r, rescale, block, p, unit, kept, has_dropout, keep_scale);
-        wgmma_wait_group<0>();  // P_(j-1) V_(j-1) done: O may be rescaled, V's buffer reused
-        wgmma_fence_operands(o);
-        wgmma_fence_fragments(p_frag);
-        release(bar.v_empty(previous), lane);
-        if (__any_sync(kFullMask, grew)) {  // exact: the factor is 1 for rows that did not grow
+        if constexpr (F::kPingPong) {
+          finish_previous();
+        }
+        if (!F::kPingPong || __any_sync(kFullMask, grew)) {  // exact: 1 where a row did not grow
 #pragma unroll
           for (int j = 0; j < kDTiles; ++j) {
 #pragma unroll
