@@ -22,9 +22,11 @@
 //
 // ----------------------------------------------------------------- the consumers' loop
 // Per key block j, with S_j = Q K_j^T and P_j its probabilities:
-//   issue S_j; issue O += P_(j-1) V_(j-1); wait for S_j (K_j released); softmax of S_j while
-//   the second product runs; wait for it (V_(j-1) released); O *= the rescale of block j;
-//   P_j packed to 16 bits.
+//   issue S_j; issue O += P_(j-1) V_(j-1); wait for S_j (K_j released); softmax of S_j; wait
+//   for the second product (V_(j-1) released); O *= the rescale of block j; P_j packed to 16
+//   bits. ptxas moves that second wait to the top of the softmax's basic block (perf/NOTES.md,
+//   v48, v49), so the softmax runs under the other warpgroups' products, not its own; without
+//   ping-pong the code says so, and O's rescale and P's packing share the softmax's block (v54).
 // After the last block, O += P_last V_last. The sequence of operations on O, the row maxima and
 // the row sums is flash_forward_sm90.cuh's; only the issue order differs.
 // Ping-pong (kPingPong): the two consumers take turns issuing their products (named barriers 1
