@@ -4,8 +4,8 @@
 // 256 (V and O at 64 where Ev <= 64 < E <= 128, without a mask or dropout: Tile128Ev64 and
 // Tile128Ev64Wide): the TMA loads fill the columns past E (Q, K) and Ev (V) with zeros, which
 // add nothing to Q K^T and give output columns the kernel does not write. No padded copies. A
-// TMA producer warp, two or three consumer warpgroups with setmaxnreg, softmax under the next
-// P V, ping-pong at D = 128, one persistent CTA per SM: the CTA is
+// TMA producer warp, two or three consumer warpgroups with setmaxnreg, each one's softmax under
+// the others' products, ping-pong at D = 128, one persistent CTA per SM: the CTA is
 // flash_forward_sm90_ws_cta.cuh, the SDPA arguments' parts flash_forward_sm90_ws_args.cuh. This
 // file holds the kernel and its launcher, which makes the TMA descriptors of Q, K, V and the
 // mask and declines what the kernel does not cover (a mask TMA cannot read: keys not
