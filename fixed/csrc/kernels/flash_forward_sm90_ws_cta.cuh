@@ -25,8 +25,8 @@
 //   issue S_j; issue O += P_(j-1) V_(j-1); wait for S_j (K_j released); softmax of S_j; wait
 //   for the second product (V_(j-1) released); O *= the rescale of block j; P_j packed to 16
 //   bits. ptxas moves that second wait to the top of the softmax's basic block (perf/NOTES.md,
-//   v48, v49), so the softmax runs under the other warpgroups' products, not its own; without
-//   ping-pong the code says so, and O's rescale and P's packing share the softmax's block (v54).
+//   v48, v49), so the softmax runs under the other warpgroups' products, not its own (the loop
+//   says why its code follows that order without ping-pong).
 // After the last block, O += P_last V_last. The sequence of operations on O, the row maxima and
 // the row sums is flash_forward_sm90.cuh's; only the issue order differs.
 // Ping-pong (kPingPong): the two consumers take turns issuing their products (named barriers 1
@@ -449,8 +449,9 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
         // Without ping-pong, the wait for P V goes before the softmax, where ptxas puts it
         // anyway (it moves the wait to the top of its basic block; perf/NOTES.md, v48, v49),
         // and O's rescale, unconditional, and P's packing join the softmax's block: ptxas then
-        // fills the gaps of the exponentials' stream with them (v54). With ping-pong (D = 128
-        // and up) the other warpgroup's products hide the softmax; the vote skips the rescale.
+        // fills the gaps of the exponentials' stream with them (v54: the D = 64 forward
+        // 1.01-1.04x). With ping-pong (D = 128 and up) that order paid nothing (v54); there the
+        // vote skips the rescale where no row of the warp grew.
         if constexpr (!F::kPingPong) {
           finish_previous();
         }
