@@ -26,11 +26,13 @@
 //   for the second product (V_(j-1) released); O *= the rescale of block j; P_j packed to 16
 //   bits. ptxas moves that second wait to the top of the softmax's basic block (perf/NOTES.md,
 //   v48, v49), so the softmax runs under the other warpgroups' products, not its own (the loop
-//   says why its code follows that order without ping-pong).
+//   says why its code follows that order but in ping-pong between two).
 // After the last block, O += P_last V_last. The sequence of operations on O, the row maxima and
 // the row sums is flash_forward_sm90.cuh's; only the issue order differs.
-// Ping-pong (kPingPong): the two consumers take turns issuing their products (named barriers 1
-// and 2), so one warpgroup's softmax runs while the other's products occupy the tensor cores.
+// Ping-pong (kPingPong): the consumers take turns issuing their products (named barriers 1, 2
+// and, with three consumers, 4; 3 is the split's), in rotation where there are three, so one
+// warpgroup's softmax runs while the others' products occupy the tensor cores. Left to the
+// warp schedulers, three warpgroups at D = 64 ran 5-6% slower (perf/NOTES.md, v55).
 //
 // ------------------------------------------------------------------------- shared memory
 // 1024-byte aligned: Q (kBlockM x D), kStages K (kBlockN x D) and V (kBlockN x kValueDim)
@@ -303,9 +305,13 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
   constexpr unsigned kFullMask = 0xffffffffu;
-  constexpr uint32_t kTurnThreads = 256;  // both consumer warpgroups
-  constexpr bool kSkipsPastDiagonal = kArgs == kNoArgs && !F::kPingPong;  // own_key_blocks
-  const uint32_t my_turn = 1 + consumer, other_turn = 2 - consumer;
+  constexpr uint32_t kTurnThreads = 256;  // the warpgroup that passes the turn, the one taking it
+  const auto turn_barrier = [](int c) { return c == 2 ? 4u : 1u + static_cast<uint32_t>(c); };
+  const uint32_t my_turn = turn_barrier(consumer),
+                 next_turn = turn_barrier(consumer + 1 == F::kConsumers ? 0 : consumer + 1);
+  // Without turns, and with three warpgroups in rotation, the wait for P V goes before the
+  // softmax (below); with two in ping-pong, after it.
+  constexpr bool kFusedOrder = !F::kPingPong || F::kConsumers == 3;
   const uint32_t q_rows = q_tile + static_cast<uint32_t>(consumer * 64) * F::kRowBytes;
   const int64_t L = p.len_q;
   const int64_t row_blocks = ceil_div(L, kBlockM);
@@ -329,12 +335,12 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   };
   const auto pass_turn = [&] {
     if (F::kPingPong) {
-      named_barrier_arrive(other_turn, kTurnThreads);
+      named_barrier_arrive(next_turn, kTurnThreads);
     }
   };
 
-  if (F::kPingPong && consumer == 1) {
-    named_barrier_arrive(1, kTurnThreads);  // consumer 0 issues first
+  if (F::kPingPong && consumer == F::kConsumers - 1) {
+    named_barrier_arrive(next_turn, kTurnThreads);  // consumer 0 issues first
   }
   uint32_t pipe = 0;       // key blocks consumed so far, over all items: the K/V rings' position
   uint32_t mask_pipe = 0;  // mask tiles consumed so far: the mask ring's
@@ -346,7 +352,6 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
     }
     Rows r{w.m0, consumer * 64 + warp_in_group * 16, lane >> 2, lane & 3,
            {-INFINITY, -INFINITY}, {0.f, 0.f}};
-    const int own_blocks = kSkipsPastDiagonal ? own_key_blocks<F>(p, w, consumer) : w.n_blocks;
     float o[kDTiles * 4];
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) {
@@ -389,8 +394,8 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
     };
     mbarrier_wait(bar.q_full(), round & 1);
     int block = next_visible<F>(p, w, w.first - 1, skips);
-    int following = block;  // at the end: the first block left to the other warpgroups
-    if (block >= own_blocks) {
+    int following = block;  // the block after `block`
+    if (block >= w.n_blocks) {
       release(bar.q_empty(), lane);  // every key hidden: zeros and lse -inf, as the wgmma kernel
     } else {
       // The first block: S alone.
@@ -406,7 +411,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       wgmma_wait_group<0>();
       wgmma_fence_operands(s);
       release(bar.k_empty(stage), lane);
-      if (following >= own_blocks) {
+      if (following >= w.n_blocks) {
         release(bar.q_empty(), lane);  // the item's last read of Q
       }
       take_scores(block);
@@ -416,7 +421,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       ++pipe;
 
       // Then S_j and P_(j-1) V_(j-1) in flight together, softmax of S_j under the latter.
-      for (; following < own_blocks; ++pipe) {
+      for (; following < w.n_blocks; ++pipe) {
         block = following;
         following = next_visible<F>(p, w, block, skips);
         stage = pipe % kStages;
@@ -436,7 +441,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
         wgmma_wait_group<1>();  // S_j done; P V may still run
         wgmma_fence_operands(s);
         release(bar.k_empty(stage), lane);
-        if (following >= own_blocks) {
+        if (following >= w.n_blocks) {
           release(bar.q_empty(), lane);
         }
         take_scores(block);
@@ -446,21 +451,22 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
           wgmma_fence_fragments(p_frag);
           release(bar.v_empty(previous), lane);
         };
-        // Without ping-pong, the wait for P V goes before the softmax, where ptxas puts it
+        // The fused order: the wait for P V goes before the softmax, where ptxas puts it
         // anyway (it moves the wait to the top of its basic block; perf/NOTES.md, v48, v49),
         // and O's rescale, unconditional, and P's packing join the softmax's block: ptxas then
         // fills the gaps of the exponentials' stream with them (v54: the D = 64 forward
-        // 1.01-1.04x). With ping-pong (D = 128 and up) that order paid nothing (v54); there the
-        // vote skips the rescale where no row of the warp grew.
-        if constexpr (!F::kPingPong) {
+        // 1.01-1.04x; v55: 1.02-1.04x over the vote's order within three warpgroups' turns).
+        // With two in ping-pong (D = 128 and up) it paid nothing (v54); there the vote skips
+        // the rescale where no row of the warp grew.
+        if constexpr (kFusedOrder) {
           finish_previous();
         }
         const bool grew =
             softmax_step<F>(s, r, rescale, block, p, unit, kept, has_dropout, keep_scale);
-        if constexpr (F::kPingPong) {
+        if constexpr (!kFusedOrder) {
           finish_previous();
         }
-        if (!F::kPingPong || __any_sync(kFullMask, grew)) {  // exact: 1 where a row did not grow
+        if (kFusedOrder || __any_sync(kFullMask, grew)) {  // exact: 1 where a row did not grow
 #pragma unroll
           for (int j = 0; j < kDTiles; ++j) {
 #pragma unroll
@@ -492,19 +498,6 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       wgmma_fence_fragments(p_frag);
       release(bar.v_empty(last), lane);
     }
-    // Blocks left to the others: each stage released once full (a release counts to its phase).
-    if constexpr (kSkipsPastDiagonal) {
-      for (; following < w.n_blocks; ++pipe) {
-        const uint32_t stage = pipe % kStages, parity = (pipe / kStages) & 1;
-        mbarrier_wait(bar.k_full(stage), parity);
-        release(bar.k_empty(stage), lane);
-        mbarrier_wait(bar.v_full(stage), parity);
-        release(bar.v_empty(stage), lane);
-        following = next_visible<F>(p, w, following, skips);
-      }
-      pipe = __shfl_sync(kFullMask, pipe, 0);  // uniform again: the loop's uniform registers
-    }
-
     if (part >= 0) {  // a part of a split item (flash_forward_sm90_ws_schedule.cuh)
       finish_part<T, F>(out, lse, o, r, w, part, split, unit, bar.split_flag(), p,
                         consumer == 0 && warp_in_group == 0 && lane == 0);
@@ -535,7 +528,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
     }
   }
   if (F::kPingPong && consumer == 0) {
-    named_barrier_sync(1, kTurnThreads);  // consumer 1's last turn handed back
+    named_barrier_sync(my_turn, kTurnThreads);  // the last consumer's last turn handed back
   }
 }
 

@@ -104,20 +104,6 @@ __device__ __forceinline__ WorkItem work_item(const AttentionProblem& p, int64_t
   return {b, m0, static_cast<int>(ceil_div(key_end, F::kBlockN))};
 }
 
-// The key blocks of item w that consumer warpgroup `consumer` (rows 64 consumer .. + 63) takes:
-// causal, its rows see no key from w.m0 + 64 (consumer + 1) on, so it leaves the blocks from
-// there on (up to two for consumer 0 of a 192-row item, one for consumer 1) to the warpgroups
-// of later rows: 5.5% of the scores at S = 2048, 0.8% at 16384 (perf/NOTES.md, v42). It still waits
-// for those blocks' stages and releases them; the kernel does so only without ping-pong turns
-// or a mask ring to keep in step (consume's kSkipsPastDiagonal).
-template <class F>
-__device__ __forceinline__ int own_key_blocks(const AttentionProblem& p, const WorkItem& w,
-                                              int consumer) {
-  const int64_t rows_end = w.m0 + 64 * (consumer + 1);
-  return p.causal ? static_cast<int>(min64(w.n_blocks, ceil_div(rows_end, F::kBlockN)))
-                  : w.n_blocks;
-}
-
 // This CTA's work in round `round` into w (and unit: the part's unit, or -1 for a whole
 // item); false once it has none left.
 template <class F>
@@ -170,7 +156,7 @@ __device__ __forceinline__ void finish_part(T* __restrict__ out, float* __restri
   constexpr int Dv = F::kValueDim, kBlockM = F::kBlockM, kDTiles = F::kDTiles;
   constexpr float kLn2 = 0.6931471805599453f;
   constexpr unsigned kFullMask = 0xffffffffu;
-  constexpr uint32_t kSplitBarrier = 3, kThreads = 128 * F::kConsumers;  // 1, 2: ping-pong
+  constexpr uint32_t kSplitBarrier = 3, kThreads = 128 * F::kConsumers;  // 1, 2, 4: turns
   const int64_t L = p.len_q;
   const int item = unit % split.tail_items;
   float* const stats = split.partial + static_cast<int64_t>(split.units()) * kBlockM * Dv;

@@ -19,7 +19,8 @@ namespace sm90_ws {
 
 // kMaskStages: buffers of mask tiles (0: a tiling for problems without a mask or dropout).
 // kConsumers: consumer warpgroups of 64 rows each, 2 or 3 (FlashAttention-3's 192-row tiles at
-// D = 64). MaskEntry: float, or the inputs' 16-bit dtype (mask_in_input_dtype; WithMaskEntry).
+// D = 64). kPingPong: the consumers take turns issuing their products, in rotation where there
+// are three (flash_forward_sm90_ws_cta.cuh). MaskEntry: float, or the inputs' 16-bit dtype (mask_in_input_dtype; WithMaskEntry).
 // kValueDim: V's and O's columns, kHeadDim or a narrower 64 (Ev <= 64 under E <= 128).
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, int kMaskStages_ = 0,
           int kConsumers_ = 2, typename MaskEntry_ = float, int kValueDim_ = kHeadDim_>
@@ -74,8 +75,7 @@ struct Tile {
   static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <=
                 kThreads * kLaunchRegisters);
   static_assert(kConsumers == 2 || kConsumers == 3, "rows: 128 or 192 (TMA boxes <= 256)");
-  static_assert(!kPingPong || kConsumers == 2, "ping-pong takes turns between two");
-  static_assert(kSmemBytes <= 227 * 1024, "an H100's shared memory per block");
+    static_assert(kSmemBytes <= 227 * 1024, "an H100's shared memory per block");
 };
 
 // The mbarriers, after the tiles: Q full and empty, K full, K empty, V full, V empty per
