@@ -32,7 +32,7 @@
 // Ping-pong (kPingPong): the consumers take turns issuing their products (named barriers 1, 2
 // and, with three consumers, 4; 3 is the split's), in rotation where there are three, so one
 // warpgroup's softmax runs while the others' products occupy the tensor cores. Left to the
-// warp schedulers, three warpgroups at D = 64 ran 5-6% slower (perf/NOTES.md, v55).
+// warp schedulers, three warpgroups at D = 64 ran 2-4% slower (perf/NOTES.md, v55).
 //
 // ------------------------------------------------------------------------- shared memory
 // 1024-byte aligned: Q (kBlockM x D), kStages K (kBlockN x D) and V (kBlockN x kValueDim)
