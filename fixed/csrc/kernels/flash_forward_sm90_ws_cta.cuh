@@ -455,7 +455,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
         // anyway (it moves the wait to the top of its basic block; perf/NOTES.md, v48, v49),
         // and O's rescale, unconditional, and P's packing join the softmax's block: ptxas then
         // fills the gaps of the exponentials' stream with them (v54: the D = 64 forward
-        // 1.01-1.04x; v55: 1.02-1.04x over the vote's order within three warpgroups' turns).
+        // 1.01-1.04x; v55: 1.01-1.04x over the vote's order within three warpgroups' turns).
         // With two in ping-pong (D = 128 and up) it paid nothing (v54); there the vote skips
         // the rescale where no row of the warp grew.
         if constexpr (kFusedOrder) {
