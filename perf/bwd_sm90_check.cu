@@ -2,7 +2,7 @@
 // against the mma.sync backward (flash_backward.cuh) and a float64 host reference. No torch.
 // Needs a GPU of compute capability 9.0 (H100/H200). One command, from the repository root:
 //
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/bwd_sm90_check perf/bwd_sm90_check.cu && /tmp/bwd_sm90_check
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -o /tmp/bwd_sm90_check perf/bwd_sm90_check.cu && /tmp/bwd_sm90_check
 //
 // (`/tmp/bwd_sm90_check --no-timing` runs the checks only; `--timing-only` the timings only;
 // `--seq N` times L = S = N instead of 4096. `--mma-sync-body` is refused: since perf/NOTES.md

@@ -24,7 +24,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "sm90_check_common.cuh"  // CHECK_CUDA, fill_kernel, device_ready
+#include "sm90_check_common.cuh"  // CHECK_CUDA, fill_kernel, device_ready, parse_count, median
 #include "../fixed/csrc/kernels/flash_forward_sm90_ws.cuh"
 
 namespace fk = fixed_attention::kernels;
@@ -38,21 +38,6 @@ using Tile64FreeRunning = ws::Tile<64, 128, 3, false, 0, 3>;  // v54's: three wi
 using Tile128Three80 = ws::Tile<128, 80, 3, true, 0, 3>;      // three in rotation, 80 keys
 
 constexpr int kWarmup = 3, kTimed = 30;
-
-bool parse_count(const char* text, int64_t low, int64_t high, int64_t& value) {
-  char* end = nullptr;
-  const long long parsed = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || parsed < low || parsed > high) {
-    return false;
-  }
-  value = parsed;
-  return true;
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 // One tiling's launches: its split workspace (the 192-row tilings split the last round) and
 // its output buffer.

@@ -79,28 +79,13 @@ __device__ __forceinline__ void fwd_trace_mark(bool record, uint32_t round, int 
                : "memory");
 }
 
-#include "sm90_check_common.cuh"  // CHECK_CUDA, fill_kernel, device_ready
+#include "sm90_check_common.cuh"  // CHECK_CUDA, fill_kernel, device_ready, parse_count, median
 #include "../fixed/csrc/kernels/flash_forward_sm90_ws.cuh"
 
 namespace fk = fixed_attention::kernels;
 namespace ws = fixed_attention::kernels::flash::sm90_ws;
 
 namespace {
-
-bool parse_count(const char* text, int64_t low, int64_t high, int64_t& value) {
-  char* end = nullptr;
-  const long long parsed = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || parsed < low || parsed > high) {
-    return false;
-  }
-  value = parsed;
-  return true;
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0.0 : values[values.size() / 2];
-}
 
 // One launch's summary; the per-CTA rounds too when `rounds` is set.
 void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float ms,

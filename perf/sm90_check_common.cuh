@@ -1,7 +1,8 @@
 // What perf/bwd_sm90_check.cu and perf/fwd_sm90_check.cu share: the CUDA error check, the image
 // probe, bf16/fp16 conversions, a host thread pool for the float64 references, device copies,
 // the device-side input fill, the checks' case list and the command line (--no-timing,
-// --timing-only, --seq N, --mma-sync-body), and the device test. Host code and two small
+// --timing-only, --seq N, --mma-sync-body), and the device test; with perf/fwd_sm90_trace.cu and
+// perf/fwd_sm90_tilings.cu, the fill, the error check, an integer argument's parse and a median. Host code and two small
 // kernels; included by each check program, which is one translation unit.
 #ifndef FIXED_PERF_SM90_CHECK_COMMON_CUH_
 #define FIXED_PERF_SM90_CHECK_COMMON_CUH_
@@ -76,6 +77,23 @@ void parallel_for(int64_t n, Body body) {
   for (auto& thread : pool) {
     thread.join();
   }
+}
+
+// An integer argument in [low, high] into value; false if the text is not one.
+inline bool parse_count(const char* text, int64_t low, int64_t high, int64_t& value) {
+  char* end = nullptr;
+  const long long parsed = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || parsed < low || parsed > high) {
+    return false;
+  }
+  value = parsed;
+  return true;
+}
+
+// The middle value (the upper one of an even count); 0 for none.
+inline double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
 }
 
 template <typename T>
