@@ -6,7 +6,8 @@
 // From the repository root:
 //
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/fwd_sm90_tilings perf/fwd_sm90_tilings.cu
-//   /tmp/fwd_sm90_tilings [D: 64 or 128] [causal: 0 or 1] [B x H] [S ...]   (default 64 0 64 2048 4096 8192)
+//   /tmp/fwd_sm90_tilings [D: 64 or 128] [causal: 0 or 1] [B x H] [S ...]
+//                                               (default 64 0 64 2048 4096 8192)
 //
 // Per shape (L = S, bf16, Q K V from sm90_check_common.cuh's fill_kernel): each tiling's median
 // over 30 launches after 3 of warm-up, its TFLOP/s (4 B H L S D, half where causal), and the

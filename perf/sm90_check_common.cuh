@@ -1,9 +1,10 @@
 // What perf/bwd_sm90_check.cu and perf/fwd_sm90_check.cu share: the CUDA error check, the image
 // probe, bf16/fp16 conversions, a host thread pool for the float64 references, device copies,
 // the device-side input fill, the checks' case list and the command line (--no-timing,
-// --timing-only, --seq N, --mma-sync-body), and the device test; with perf/fwd_sm90_trace.cu and
-// perf/fwd_sm90_tilings.cu, the fill, the error check, an integer argument's parse and a median. Host code and two small
-// kernels; included by each check program, which is one translation unit.
+// --timing-only, --seq N, --mma-sync-body), and the device test; with perf/fwd_sm90_trace.cu
+// and perf/fwd_sm90_tilings.cu, the fill, the error check, an integer argument's parse and a
+// median. Host code and two small kernels; included by each program, which is one translation
+// unit.
 #ifndef FIXED_PERF_SM90_CHECK_COMMON_CUH_
 #define FIXED_PERF_SM90_CHECK_COMMON_CUH_
 

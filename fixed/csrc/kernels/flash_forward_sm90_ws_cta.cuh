@@ -26,7 +26,7 @@
 //   for the second product (V_(j-1) released); O *= the rescale of block j; P_j packed to 16
 //   bits. ptxas moves that second wait to the top of the softmax's basic block (perf/NOTES.md,
 //   v48, v49), so the softmax runs under the other warpgroups' products, not its own (the loop
-//   says why its code follows that order but in ping-pong between two).
+//   says why its code follows that order, except in ping-pong between two).
 // After the last block, O += P_last V_last. The sequence of operations on O, the row maxima and
 // the row sums is flash_forward_sm90.cuh's; only the issue order differs.
 // Ping-pong (kPingPong): the consumers take turns issuing their products (named barriers 1, 2

@@ -20,7 +20,8 @@ namespace sm90_ws {
 // kMaskStages: buffers of mask tiles (0: a tiling for problems without a mask or dropout).
 // kConsumers: consumer warpgroups of 64 rows each, 2 or 3 (FlashAttention-3's 192-row tiles at
 // D = 64). kPingPong: the consumers take turns issuing their products, in rotation where there
-// are three (flash_forward_sm90_ws_cta.cuh). MaskEntry: float, or the inputs' 16-bit dtype (mask_in_input_dtype; WithMaskEntry).
+// are three (flash_forward_sm90_ws_cta.cuh). MaskEntry: float, or the inputs' 16-bit dtype
+// (mask_in_input_dtype; WithMaskEntry).
 // kValueDim: V's and O's columns, kHeadDim or a narrower 64 (Ev <= 64 under E <= 128).
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, int kMaskStages_ = 0,
           int kConsumers_ = 2, typename MaskEntry_ = float, int kValueDim_ = kHeadDim_>
