@@ -48,7 +48,9 @@ DTYPES = [*HALF_DTYPES, torch.float32]  # float32: 3xTF32, held to float32's tol
 HEAD_DIMS = [64, 128, 256]
 LSE_TOLERANCE = 1e-5  # on |lse - ref| / (1 + |ref|): fp32 softmax statistics
 # (leading dims, L, S): lengths around the 64- and 128-row tiles, L == S and L != S both ways,
-# batch * heads from 1 to 64, one length past 4096.
+# batch * heads from 1 to 140, one length past 4096; at 140 more work items than an H100's or
+# H200's 132 SMs, so that CTAs take several (the Hopper forward's O leaves through an earlier
+# item's K and V buffers).
 CASES = [
     ((), 1, 1),
     ((3,), 15, 15),
@@ -61,6 +63,7 @@ CASES = [
     ((2,), 1000, 15),
     ((1,), 15, 1000),
     ((1,), 4097, 4097),
+    ((2, 70), 200, 333),
 ]
 FLASH_KERNEL = "flash_forward_kernel"  # mma.sync
 # Compute capability 9.0: without a mask or dropout the warp-specialized kernel (TMA, ping-pong),
@@ -418,6 +421,14 @@ SANITIZER_SCRIPT = textwrap.dedent(
         for n in (300, 1100, 1100)
     )
     fixed.fast_attention(q, k, v)
+    # More items than SMs at head dim 128: CTAs take several, and O leaves each item through a
+    # K or V buffer that the producer reloads for the next (Tile128Wide; causal: Tile128).
+    for len_q, len_kv, causal in ((128, 400, False), (256, 256, True)):
+        q, k, v = (
+            torch.randn(sms + 4, n, 128, generator=generator).to("cuda", torch.bfloat16)
+            for n in (len_q, len_kv, len_kv)
+        )
+        fixed.fast_attention(q, k, v, is_causal=causal)
     torch.cuda.synchronize()
     print("sanitizer script done")
     """

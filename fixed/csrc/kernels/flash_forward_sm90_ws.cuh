@@ -8,9 +8,10 @@
 // the others' products, turns at issuing them (ping-pong between two at D = 128 and up, a
 // rotation of three at D = 64 without a mask or dropout), one persistent CTA per SM: the CTA is
 // flash_forward_sm90_ws_cta.cuh, the SDPA arguments' parts flash_forward_sm90_ws_args.cuh. This
-// file holds the kernel and its launcher, which makes the TMA descriptors of Q, K, V and the
-// mask and declines what the kernel does not cover (a mask TMA cannot read: keys not
-// contiguous, rows not 16-byte aligned; flash_forward_sm90.cuh's kernel takes those).
+// file holds the kernel and its launcher, which makes the TMA descriptors of Q, K, V, the mask
+// and O (stored by TMA in the two-consumer tilings) and declines what the kernel does not cover
+// (a mask TMA cannot read: keys not contiguous, rows not 16-byte aligned; flash_forward_sm90.cuh's
+// kernel takes those).
 //
 // Outside an sm_90a image the kernel body is a marker and a trap: its launcher reads the marker
 // (has_sm90a_image) and declines there, and flash_forward_sm90.cuh's kernel runs instead.
@@ -44,6 +45,7 @@ __global__ void __launch_bounds__(F::kThreads, 1)
                             const __grid_constant__ CUtensorMap k_map,  // (B / group, S, D)
                             const __grid_constant__ CUtensorMap v_map,  // (B / group, S, D)
                             const __grid_constant__ CUtensorMap mask_map,  // unused without
+                            const __grid_constant__ CUtensorMap o_map,  // (B, L, Ev)
                             T* __restrict__ out,                        // (B, L, D)
                             float* __restrict__ lse,                    // (B, L)
                             const AttentionProblem p,
@@ -80,6 +82,9 @@ __global__ void __launch_bounds__(F::kThreads, 1)
     if (kArgs != kNoArgs && p.mask != nullptr) {
       prefetch_tensor_map(&mask_map);
     }
+    if (stages_o<F, kArgs>()) {
+      prefetch_tensor_map(&o_map);
+    }
   }
   __syncthreads();  // the last CTA-wide barrier: the producer's idle warps leave below
   // A constant "no split" where the tiling or the arguments rule it out: no code for it there.
@@ -93,8 +98,8 @@ __global__ void __launch_bounds__(F::kThreads, 1)
     return;
   }
   setmaxnreg_inc<F::kConsumerRegisters>();
-  consume<T, F, kArgs>(out, lse, bar, q_tile, k_tiles, v_tiles, mask_tiles, p, longest_first,
-                       tail, (warp >> 2) - 1, warp & 3, lane);
+  consume<T, F, kArgs>(out, lse, &o_map, bar, q_tile, k_tiles, v_tiles, mask_tiles, p,
+                       longest_first, tail, (warp >> 2) - 1, warp & 3, lane);
 #elif defined(__CUDA_ARCH__)
   // Any other image: a marker the launcher reads on the host (has_sm90a_image: the sm_90a body
   // has no static shared memory, this one 16 bytes), and a trap, were it launched all the same.
@@ -151,11 +156,13 @@ bool launch_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
   if (work <= 0) {
     return true;  // empty: nothing to launch
   }
-  CUtensorMap q_map, k_map, v_map, mask_map{};
+  CUtensorMap q_map, k_map, v_map, mask_map{}, o_map{};
   const int64_t kv_items = p.batch / p.kv_group;
   if (!encode_rows_map(&q_map, q, p.batch, p.len_q, p.head_dim, F::kBlockM) ||
       !encode_rows_map(&k_map, k, kv_items, p.len_kv, p.head_dim, F::kBlockN) ||
       !encode_rows_map(&v_map, v, kv_items, p.len_kv, value_dim(p), F::kBlockN) ||
+      (stages_o<F, kArgs>() &&  // O stored by TMA, a warp's 16 rows at a time
+       !encode_rows_map(&o_map, static_cast<const T*>(out), p.batch, p.len_q, value_dim(p), 16)) ||
       (p.mask != nullptr && !encode_mask_map<F>(&mask_map, p))) {
     return false;
   }
@@ -176,8 +183,8 @@ bool launch_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
   }
   // The kernel's longest_first: items batch-minor (the order of both cases).
   const bool batch_minor = (p.causal && longest_first) || detail::mask_shared_by_neighbours(p);
-  kernel<<<grid, F::kThreads, F::kSmemBytes, stream>>>(q_map, k_map, v_map, mask_map, out, lse,
-                                                       p, batch_minor, split);
+  kernel<<<grid, F::kThreads, F::kSmemBytes, stream>>>(q_map, k_map, v_map, mask_map, o_map, out,
+                                                       lse, p, batch_minor, split);
   return true;
 }
 

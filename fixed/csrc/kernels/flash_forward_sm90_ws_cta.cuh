@@ -27,8 +27,10 @@
 //   bits. ptxas moves that second wait to the top of the softmax's basic block (perf/NOTES.md,
 //   v48, v49), so the softmax runs under the other warpgroups' products, not its own (the loop
 //   says why its code follows that order, except in ping-pong between two).
-// After the last block, O += P_last V_last. The sequence of operations on O, the row maxima and
-// the row sums is flash_forward_sm90.cuh's; only the issue order differs.
+// After the last block, O += P_last V_last, then O / row sums and lse out
+// (flash_forward_sm90_ws_epilogue.cuh; with two consumers in ping-pong through the item's last K
+// and V buffers and TMA stores). The sequence of operations on O, the row maxima and the row sums
+// is flash_forward_sm90.cuh's; only the issue order differs.
 // Ping-pong (kPingPong): the consumers take turns issuing their products (named barriers 1, 2
 // and, with three consumers, 4; 3 is the split's), in rotation where there are three, so one
 // warpgroup's softmax runs while the others' products occupy the tensor cores. Left to the
@@ -56,6 +58,7 @@
 #include "attention_problem.cuh"  // AttentionProblem, ceil_div, min64, ...
 #include "flash_common.cuh"       // exp2_approx, pack2, smem_addr, ...
 #include "flash_forward_sm90_ws_args.cuh"  // the mask's tiles, dropout's bits
+#include "flash_forward_sm90_ws_epilogue.cuh"  // an item's O and lse out
 #include "flash_forward_sm90_ws_schedule.cuh"  // items, rounds, the last round's split
 #include "flash_forward_sm90_ws_tile.cuh"  // Tile, Barriers
 #include "sm90_pipeline.cuh"      // mbarriers, TMA, setmaxnreg, named barriers
@@ -293,8 +296,9 @@ __device__ __forceinline__ void release(uint32_t barrier, int lane) {
 // one it serialized them). kArgs: the instantiation that adds a mask and draws dropout.
 template <typename T, class F, int kArgs>
 __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__ lse,
-                                        const Barriers<F> bar, uint32_t q_tile, uint32_t k_tiles,
-                                        uint32_t v_tiles, uint32_t mask_tiles,
+                                        const CUtensorMap* o_map, const Barriers<F> bar,
+                                        uint32_t q_tile, uint32_t k_tiles, uint32_t v_tiles,
+                                        uint32_t mask_tiles,
                                         const AttentionProblem& p, bool longest_first,
                                         const SplitTail split, int consumer, int warp_in_group,
                                         int lane) {
@@ -303,7 +307,6 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   constexpr int kMaskRing = F::kMaskStages > 0 ? F::kMaskStages : 1;
   constexpr uint32_t kKBytes = F::kKBytes, kVBytes = F::kVBytes;
   constexpr float kLog2e = 1.4426950408889634f;
-  constexpr float kLn2 = 0.6931471805599453f;
   constexpr unsigned kFullMask = 0xffffffffu;
   constexpr uint32_t kTurnThreads = 256;  // the warpgroup that passes the turn, the one taking it
   const auto turn_barrier = [](int c) { return c == 2 ? 4u : 1u + static_cast<uint32_t>(c); };
@@ -312,6 +315,30 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   // Without turns, and with three warpgroups in rotation, the wait for P V goes before the
   // softmax (below); with two in ping-pong, after it.
   constexpr bool kFusedOrder = !F::kPingPong || F::kConsumers == 3;
+  // O staged (stages_o): consumer 0 writes it into K_last's buffer once consumer 1's last
+  // S is done, consumer 1 into V_last's once consumer 0's last P V is done (named barriers 5 and
+  // 6, one use per item: the turns keep either warpgroup from arriving twice before the other
+  // waits). Each warp releases its buffer before its next item's first S, when its stores have
+  // read it (by then long done); the producer reloads that buffer two blocks into the next item.
+  constexpr bool kStagesO = stages_o<F, kArgs>();
+  constexpr uint32_t kLastSDone = 5, kLastPVDone = 6, kPairThreads = 256;
+  int o_stage = -1;  // the stage whose buffer holds this warp's staged O; -1: none
+  const auto release_o_buffer = [&] {
+    if (kStagesO && o_stage >= 0) {
+      bulk_wait_group_read_all();  // a no-op but in the lane that issued the stores
+      release(consumer == 0 ? bar.k_empty(o_stage) : bar.v_empty(o_stage), lane);
+      o_stage = -1;
+    }
+  };
+  // After S_j's wait: releases K_j, but the item's last K in consumer 0, which keeps it for O.
+  const auto release_k = [&](uint32_t stage, bool last) {
+    if (!(kStagesO && last && consumer == 0)) {
+      release(bar.k_empty(stage), lane);
+    }
+    if (kStagesO && last && consumer == 1) {
+      named_barrier_arrive(kLastSDone, kPairThreads);
+    }
+  };
   const uint32_t q_rows = q_tile + static_cast<uint32_t>(consumer * 64) * F::kRowBytes;
   const int64_t L = p.len_q;
   const int64_t row_blocks = ceil_div(L, kBlockM);
@@ -396,12 +423,14 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
     int block = next_visible<F>(p, w, w.first - 1, skips);
     int following = block;  // the block after `block`
     if (block >= w.n_blocks) {
+      release_o_buffer();
       release(bar.q_empty(), lane);  // every key hidden: zeros and lse -inf, as the wgmma kernel
     } else {
       // The first block: S alone.
       following = next_visible<F>(p, w, block, skips);
       uint32_t stage = pipe % kStages;
       mbarrier_wait(bar.k_full(stage), (pipe / kStages) & 1);
+      release_o_buffer();
       take_turn();
       wgmma_fence_operands(s);
       wgmma_fence();
@@ -410,7 +439,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       draw(block);
       wgmma_wait_group<0>();
       wgmma_fence_operands(s);
-      release(bar.k_empty(stage), lane);
+      release_k(stage, following >= w.n_blocks);
       if (following >= w.n_blocks) {
         release(bar.q_empty(), lane);  // the item's last read of Q
       }
@@ -440,7 +469,7 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
         draw(block);
         wgmma_wait_group<1>();  // S_j done; P V may still run
         wgmma_fence_operands(s);
-        release(bar.k_empty(stage), lane);
+        release_k(stage, following >= w.n_blocks);
         if (following >= w.n_blocks) {
           release(bar.q_empty(), lane);
         }
@@ -496,39 +525,37 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       wgmma_wait_group<0>();
       wgmma_fence_operands(o);
       wgmma_fence_fragments(p_frag);
-      release(bar.v_empty(last), lane);
+      if constexpr (kStagesO) {  // consumer 1 keeps V_last for O
+        if (consumer == 0) {
+          release(bar.v_empty(last), lane);
+          named_barrier_arrive(kLastPVDone, kPairThreads);
+        }
+        o_stage = static_cast<int>(last);
+      } else {
+        release(bar.v_empty(last), lane);
+      }
     }
     if (part >= 0) {  // a part of a split item (flash_forward_sm90_ws_schedule.cuh)
       finish_part<T, F>(out, lse, o, r, w, part, split, unit, bar.split_flag(), p,
                         consumer == 0 && warp_in_group == 0 && lane == 0);
       continue;
     }
-    // O / rowsum straight to global memory (each warp writes whole rows), lse. Only the first
-    // Ev of the tile's Dv columns exist (Ev a multiple of 8: whole column tiles).
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = r.row_sum[h];
-      sum += __shfl_xor_sync(kFullMask, sum, 1);
-      sum += __shfl_xor_sync(kFullMask, sum, 2);
-      const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
-      const int64_t row = w.m0 + r.warp_row0 + r.g + 8 * h;
-      if (row < L) {
-        T* const out_row = out + (w.b * L + row) * value_dim(p);
-#pragma unroll
-        for (int j = 0; j < kDTiles; ++j) {
-          if (Dv == value_dim(p) || 8 * j < value_dim(p)) {
-            *reinterpret_cast<uint32_t*>(out_row + 8 * j + 2 * r.t) =
-                pack2<T>(o[4 * j + 2 * h] * inv_sum, o[4 * j + 2 * h + 1] * inv_sum);
-          }
-        }
-        if (r.t == 0) {
-          lse[w.b * L + row] = sum > 0.f ? r.row_max[h] * unit * kLn2 + logf(sum) : -INFINITY;
-        }
-      }
+    if (kStagesO && o_stage >= 0) {  // (an item with every key hidden has no buffer)
+      named_barrier_sync(consumer == 0 ? kLastSDone : kLastPVDone, kPairThreads);
+      const uint32_t buffer =
+          (consumer == 0 ? k_tiles + static_cast<uint32_t>(o_stage) * kKBytes
+                         : v_tiles + static_cast<uint32_t>(o_stage) * kVBytes) +
+          static_cast<uint32_t>(warp_in_group) * (Dv / 64) * 16 * F::kRowBytes;
+      stage_rows<T, F>(o_map, buffer, lse, o, r, w, p, unit, lane);
+    } else {
+      store_rows<T, F>(out, lse, o, r, w, p, unit);
     }
   }
   if (F::kPingPong && consumer == 0) {
     named_barrier_sync(my_turn, kTurnThreads);  // the last consumer's last turn handed back
+  }
+  if constexpr (kStagesO) {
+    bulk_wait_group_all();  // the last stores done before the CTA's shared memory is freed
   }
 }
 

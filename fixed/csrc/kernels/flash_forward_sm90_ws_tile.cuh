@@ -59,6 +59,11 @@ struct Tile {
   // the 192-row tiles alone: their 5.3-round problems gain from it; the 128-row tiles ran 2-3%
   // slower with its code and no measured shape of theirs gained (perf/NOTES.md, v35).
   static constexpr bool kSplitsTail = kConsumers == 3;
+  // O leaves through a buffer of the item's last key block and TMA (flash_forward_sm90_ws_
+  // epilogue.cuh's stage_rows): consumer 0's warps through K's, consumer 1's through V's. The
+  // turns make it safe (the CTA says how); with three consumers a third buffer would be needed.
+  static constexpr bool kStagesO = kConsumers == 2 && kPingPong;
+  static_assert(kBlockN >= 64, "a warpgroup's O (64 rows) fits a K and a V buffer");
   // The registers at launch (__launch_bounds__(kThreads, 1)), less the producer's 24 per thread
   // (32 with three consumers, whose split would spill at 24), shared by the consumers in
   // multiples of 8, at most 240: 240 for two consumer warpgroups, 160 for three.

@@ -111,6 +111,18 @@ __device__ __forceinline__ void bulk_load(uint32_t destination, const void* sour
       "l"(reinterpret_cast<uint64_t>(source)), "r"(bytes), "r"(barrier)
       : "memory");
 }
+// Stores the box at element coordinates (c0, c1, c2) of `map` from shared memory at `source`,
+// asynchronously, as a bulk group of the issuing thread (wgmma.cuh's bulk_commit_group, then
+// bulk_wait_group_read_all before `source` is rewritten). Rows past the tensor's end are not
+// written.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t source, int c0,
+                                             int c1, int c2) {
+  FIXED_SM90A_ASM(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(source), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   FIXED_SM90A_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map))
                   : "memory");

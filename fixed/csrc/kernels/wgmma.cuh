@@ -75,6 +75,16 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait_group() {
   FIXED_WGMMA_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+// Four 8 x 8 tiles of 16-bit values from registers to shared memory (an mma accumulator's
+// layout: each thread's word holds two neighbours of one row): lane l gives the address of row
+// l % 8 of tile l / 8, word i of every thread goes to tile i.
+__device__ __forceinline__ void stmatrix_x4(uint32_t address, uint32_t w0, uint32_t w1,
+                                            uint32_t w2, uint32_t w3) {
+  FIXED_WGMMA_ASM("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                      address),
+                  "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+                  : "memory");
+}
 // Makes this thread's generic-proxy shared-memory writes visible to the async proxy.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   FIXED_WGMMA_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
