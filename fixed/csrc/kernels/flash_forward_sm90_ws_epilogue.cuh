@@ -5,9 +5,9 @@
 //   stage_rows: through a shared-memory buffer the item no longer reads, by stmatrix, then one
 //     TMA store per warp and 64 columns (the two-consumer ping-pong tilings without a mask or
 //     dropout: stages_o).
-//     The warp's 32 stores of 8 partial cache lines each (D = 128) kept the tensor cores idle at
-//     every item's end, while the other warpgroup had only its last P V to run: staged, the
-//     D = 128 forward ran 1.02-1.05x faster, kernels alone (perf/NOTES.md, v56).
+//     A thread's 32 four-byte stores at D = 128 (each a warp's write into 8 partial cache
+//     lines) took 5% of the kernel at S = 2048 (timed without them); staged, the D = 128
+//     forward ran 1.02-1.06x faster at S = 2048-8192, kernels alone (perf/NOTES.md, v56).
 //
 // No torch includes: CI compile-checks this header for sm_90a and sm_90 without a GPU.
 #ifndef FIXED_FLASH_FORWARD_SM90_WS_EPILOGUE_CUH_
@@ -30,7 +30,7 @@ namespace flash {
 namespace sm90_ws {
 
 // Whether tiling F's instantiation kArgs stages O: not with a mask or dropout, whose tilings
-// spilled 30-130 bytes more with it (perf/NOTES.md, v56).
+// spilled more with it (up to 86 bytes of stores and 156 of loads; perf/NOTES.md, v56).
 template <class F, int kArgs>
 __host__ __device__ constexpr bool stages_o() {
   return F::kStagesO && kArgs == kNoArgs;
