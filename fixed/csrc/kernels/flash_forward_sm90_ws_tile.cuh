@@ -62,7 +62,7 @@ struct Tile {
   // O leaves through a buffer of the item's last key block and TMA (flash_forward_sm90_ws_
   // epilogue.cuh's stage_rows): consumer 0's warps through K's, consumer 1's through V's. The
   // turns make it safe (the CTA says how). With three consumers, two warpgroups' rows would go
-  // into K's buffer (branch exp-stage64, not yet run on a GPU).
+  // into K's buffer (perf/NOTES.md, v56).
   static constexpr bool kStagesO = kConsumers == 2 && kPingPong;
   static_assert(kBlockN >= 64, "a warpgroup's O (64 rows) fits a K and a V buffer");
   // The registers at launch (__launch_bounds__(kThreads, 1)), less the producer's 24 per thread
