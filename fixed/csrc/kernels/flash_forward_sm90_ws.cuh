@@ -9,9 +9,9 @@
 // rotation of three at D = 64 without a mask or dropout), one persistent CTA per SM: the CTA is
 // flash_forward_sm90_ws_cta.cuh, the SDPA arguments' parts flash_forward_sm90_ws_args.cuh. This
 // file holds the kernel and its launcher, which makes the TMA descriptors of Q, K, V, the mask
-// and O (stored by TMA in the two-consumer tilings) and declines what the kernel does not cover
-// (a mask TMA cannot read: keys not contiguous, rows not 16-byte aligned; flash_forward_sm90.cuh's
-// kernel takes those).
+// and O (stored by TMA in the two-consumer tilings without a mask or dropout) and declines what
+// the kernel does not cover (a mask TMA cannot read: keys not contiguous, rows not 16-byte
+// aligned; flash_forward_sm90.cuh's kernel takes those).
 //
 // Outside an sm_90a image the kernel body is a marker and a trap: its launcher reads the marker
 // (has_sm90a_image) and declines there, and flash_forward_sm90.cuh's kernel runs instead.

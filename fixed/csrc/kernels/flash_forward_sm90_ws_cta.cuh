@@ -319,7 +319,8 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   // S is done, consumer 1 into V_last's once consumer 0's last P V is done (named barriers 5 and
   // 6, one use per item: the turns keep either warpgroup from arriving twice before the other
   // waits). Each warp releases its buffer before its next item's first S, when its stores have
-  // read it (by then long done); the producer reloads that buffer two blocks into the next item.
+  // read it (by then long done); the producer reloads that buffer for the next item's second
+  // block (third with three stages).
   constexpr bool kStagesO = stages_o<F, kArgs>();
   constexpr uint32_t kLastSDone = 5, kLastPVDone = 6, kPairThreads = 256;
   int o_stage = -1;  // the stage whose buffer holds this warp's staged O; -1: none
