@@ -15,7 +15,13 @@ import pytest
 import torch
 
 from tests.cuda_support import NEEDS_CUDA, dtype_id
-from tests.sdpa_support import peer_check, peer_reference, peer_slack, rng_fixture
+from tests.sdpa_support import (
+    delta_rounding_shift,
+    peer_check,
+    peer_reference,
+    peer_slack,
+    rng_fixture,
+)
 
 rng = rng_fixture("PEER_SEED")
 
@@ -166,3 +172,59 @@ def test_peer_reference_is_sdpa_in_float64(rng):
         for name, a, b in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
             error = (a - b).abs().max().item()
             assert error <= 1e-12, f"{sorted(kwargs)} {name}: {error:.2e} {rng}"
+
+
+def test_delta_rounding_shift_is_the_backward_from_the_rounded_output(rng):
+    """delta_rounding_shift plus the float64 reference's gradients are FlashAttention's backward
+    written out in float64 (P explicit, delta = rowsum(dO * O) from O rounded to float16): GQA
+    with an additive mask and a dead row, causal with a scale, a bool mask through a view, and
+    leading dims that broadcast."""
+    gqa = ((2, 4, 5, 3), (2, 2, 7, 3), (2, 2, 7, 2))
+    mask = rng.float_mask(4, 5, 7)
+    mask[1, 2] = -float("inf")  # a dead row
+    transposed = lambda *ts: [t.transpose(-2, -3) for t in ts]  # noqa: E731
+    for shapes, view, kwargs in (
+        (gqa, None, {"attn_mask": mask, "enable_gqa": True}),
+        (gqa, None, {"is_causal": True, "scale": -0.3, "enable_gqa": True}),
+        (gqa, transposed, {"attn_mask": mask > 0, "enable_gqa": True}),
+        (((2, 1, 5, 3), (1, 4, 7, 3), (1, 4, 7, 2)), None, {"attn_mask": mask}),
+    ):
+        seen = view or (lambda *ts: ts)
+        leaves = [t.requires_grad_(True) for t in rng.qkv(*shapes)]
+        if view:  # leaves whose view has the shapes
+            leaves = [
+                t.detach().transpose(-2, -3).contiguous().requires_grad_(True) for t in leaves
+            ]
+        out = peer_reference(*seen(*leaves), **kwargs)
+        grad = rng.randn(*out.shape)
+        dq, dk, _ = torch.autograd.grad(out, leaves, grad)
+        rounded = out.detach().half()
+        dq_shift, dk_shift = delta_rounding_shift(
+            leaves[0], leaves[1], rounded, out, grad, view=view, **kwargs
+        )
+        # The same backward by hand: P from the forward's formula, delta from the rounded output.
+        qs, ks, vs = (t.detach() for t in seen(*leaves))
+        group = qs.shape[-3] // ks.shape[-3] if kwargs.get("enable_gqa") else 1
+        ks_all, vs_all = ks.repeat_interleave(group, -3), vs.repeat_interleave(group, -3)
+        scale = kwargs.get("scale", 1 / qs.shape[-1] ** 0.5)
+        scores = scale * qs @ ks_all.transpose(-1, -2)
+        if kwargs.get("is_causal"):
+            scores = scores.masked_fill(~torch.ones(5, 7, dtype=torch.bool).tril(), -float("inf"))
+        extra = kwargs.get("attn_mask")
+        if extra is not None and extra.dtype == torch.bool:
+            scores = scores.masked_fill(~extra, -float("inf"))
+        elif extra is not None:
+            scores = scores + extra
+        dead = (scores == -float("inf")).all(-1, keepdim=True)
+        probs = scores.masked_fill(dead, 0).softmax(-1).masked_fill(dead, 0)
+        delta = (grad * rounded.double()).sum(-1, keepdim=True)
+        ds = probs * (grad @ vs_all.transpose(-1, -2) - delta)
+        want_dq = (scale * ds @ ks_all).sum_to_size(qs.shape)
+        want_dk = (scale * ds.transpose(-1, -2) @ qs).unflatten(-3, (-1, group)).sum(-3)
+        want_dk = want_dk.sum_to_size(ks.shape)
+        if view:
+            want_dq, want_dk = want_dq.transpose(-2, -3), want_dk.transpose(-2, -3)
+        for name, got, want in (("dq", dq + dq_shift, want_dq), ("dk", dk + dk_shift, want_dk)):
+            error = (got - want).abs().max().item()
+            assert error <= 1e-12, f"{sorted(kwargs)} view={bool(view)} {name}: {error:.2e} {rng}"
+        assert dk_shift.abs().max() > 1e-6, f"{sorted(kwargs)}: the rounding moved nothing {rng}"

@@ -19,7 +19,14 @@ from tests.cuda_support import (
     fixed_with_cuda_kernels,
     sanitize,
 )
-from tests.sdpa_support import keep_mask, peer_check, peer_reference, peer_slack, rng_fixture
+from tests.sdpa_support import (
+    delta_rounding_shift,
+    keep_mask,
+    peer_check,
+    peer_reference,
+    peer_slack,
+    rng_fixture,
+)
 
 pytestmark = NEEDS_CUDA
 
@@ -35,7 +42,8 @@ def forward_op():
 
 def check_peer(fixed, rng, dtype, q_shape, k_shape, v_shape, *, view=None, where="", **kwargs):
     """The kernel on CUDA in `dtype` against the float64 reference, allowed twice the error of
-    PyTorch's same-dtype matmul/softmax (plus one rounding), for the output and the gradients.
+    PyTorch's same-dtype matmul/softmax (plus one rounding), for the output and the gradients;
+    dQ and dK also the shift that delta from the rounded output brings (delta_rounding_shift).
     Masks in kwargs are given on the CPU (bool, or floating: rounded to `dtype`)."""
     view = view or (lambda *ts: ts)
     # Drawn in `dtype` (the mask too): the float64 reference sees exactly the kernel's inputs.
@@ -52,16 +60,22 @@ def check_peer(fixed, rng, dtype, q_shape, k_shape, v_shape, *, view=None, where
         fn = fixed.fast_attention if name == "kernel" else peer_reference
         out = fn(*view(*leaves), attn_mask=run_mask, **kwargs)
         if name == "kernel":  # one grad_output for all three
-            grad = rng.randn(*out.shape, dtype=dtype)
-        grads = torch.autograd.grad(out, leaves, grad.to("cuda", run_dtype))
+            grad = rng.randn(*out.shape, dtype=dtype).cuda()
+        grads = torch.autograd.grad(out, leaves, grad.to(run_dtype))
         results[name] = [t.detach() for t in (out, *grads)]
+    # The backward reads delta from its rounded output; run_mask is the reference's here.
+    out, exact = results["kernel"][0], results["reference"][0]
+    shifts = delta_rounding_shift(
+        q.cuda(), k.cuda(), out, exact, grad, view=view, attn_mask=run_mask, **kwargs
+    )
+    allowances = [0.0, *(s.abs().max().item() if s.numel() else 0.0 for s in shifts), 0.0]
     where = f"{dtype_id(dtype)} {where} {rng}"
     failures = []
     for i, part in enumerate(("output", "dq", "dk", "dv")):
         kernel, peer, reference = (results[n][i] for n in ("kernel", "peer", "reference"))
         assert kernel.shape == reference.shape and kernel.dtype == dtype, f"{part}: {where}"
         slack = peer_slack(dtype)
-        failure = peer_check(part, kernel, peer, reference, slack, where)
+        failure = peer_check(part, kernel, peer, reference, slack, where, allowance=allowances[i])
         if failure:
             failures.append(failure)
     assert not failures, "\n".join(failures)
