@@ -124,8 +124,10 @@ bool run_forward(int which, const T* q, const T* k, const T* v, T* out, float* l
       return d64 ? sm90::launch<T, sm90::Tile<64>>(q, k, v, out, lse, p, nullptr)
                  : sm90::launch<T, sm90::Tile<128>>(q, k, v, out, lse, p, nullptr);
     case 2:
-      return d64 ? ws::launch<T, ws::Tile64, ws::Tile64Args>(q, k, v, out, lse, p, nullptr)
-                 : ws::launch<T, ws::Tile128, ws::Tile128Args>(q, k, v, out, lse, p, nullptr);
+      return d64 && ws::d64_stages_o(p.causal, p.len_kv)
+                 ? ws::launch<T, ws::Tile64Staged, ws::Tile64Args>(q, k, v, out, lse, p, nullptr)
+             : d64 ? ws::launch<T, ws::Tile64, ws::Tile64Args>(q, k, v, out, lse, p, nullptr)
+                   : ws::launch<T, ws::Tile128, ws::Tile128Args>(q, k, v, out, lse, p, nullptr);
     case 3:  // with a mask or dropout too (the others decline those)
       return d64 ? ws::launch<T, ws::Tile<64, 64, 2, false>, ws::Tile<64, 64, 2, false, 2>>(
                        q, k, v, out, lse, p, nullptr)

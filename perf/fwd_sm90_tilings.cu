@@ -168,8 +168,13 @@ int main(int argc, char** argv) {
   }
   for (const int64_t seq : seqs) {
     int status = 0;
-    if (D == 64) {
+    if (D == 64 && ws::d64_stages_o(causal != 0, seq)) {
+      status = compare(batch, seq, false, Candidate<ws::Tile64Staged>{"Tile64Staged"},
+                       Candidate<ws::Tile64>{"Tile64"},
+                       Candidate<Tile64FreeRunning>{"three free-running"});
+    } else if (D == 64) {
       status = compare(batch, seq, causal != 0, Candidate<ws::Tile64>{"Tile64"},
+                       Candidate<ws::Tile64Staged>{"Tile64Staged"},
                        Candidate<Tile64FreeRunning>{"three free-running"});
     } else if (causal != 0) {
       status = compare(batch, seq, true, Candidate<ws::Tile128>{"Tile128"},

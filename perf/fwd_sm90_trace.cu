@@ -14,8 +14,8 @@
 //                                                          (default 64 2048 1 64 0)
 //
 // Q, K, V of (B x H, S, D) from sm90_check_common.cuh's fill_kernel, L = S. The tiling is the
-// operator's: D = 64 the 192-row one (Tile64), D = 128 the 176-key one (Tile128Wide), or where
-// causal the 128-key one (Tile128). `split` 1 hands the launcher the workspace of the last
+// operator's: D = 64 the 192-row one (Tile64, or Tile64Staged where d64_stages_o), D = 128 the
+// 176-key one (Tile128Wide), or where causal the 128-key one (Tile128). `split` 1 hands the launcher the workspace of the last
 // round's split (flash_forward_sm90_ws_schedule.cuh; only the 192-row tiling splits), as the
 // operator does; 0 withholds it. Eight launches; per launch: its time (CUDA events), the CTAs'
 // end times after the first CTA's start (globaltimer, read by consumer 0 of each CTA), the
@@ -243,6 +243,9 @@ int main(int argc, char** argv) {
   int device = 0, sms = 0;
   CHECK_CUDA(cudaGetDevice(&device));
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (D == 64 && ws::d64_stages_o(causal != 0, seq)) {
+    return trace_launches<ws::Tile64Staged, ws::Tile64Args>(batch, seq, D, false, split, sms);
+  }
   if (D == 64) {
     return trace_launches<ws::Tile64, ws::Tile64Args>(batch, seq, D, causal, split, sms);
   }

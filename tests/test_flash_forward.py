@@ -421,11 +421,16 @@ SANITIZER_SCRIPT = textwrap.dedent(
         for n in (300, 1100, 1100)
     )
     fixed.fast_attention(q, k, v)
-    # More items than SMs at head dim 128: CTAs take several, and O leaves each item through a
-    # K or V buffer that the producer reloads for the next (Tile128Wide; causal: Tile128).
-    for len_q, len_kv, causal in ((128, 400, False), (256, 256, True)):
+    # More items than SMs: CTAs take several, and O leaves each item through a K or V buffer
+    # that the producer reloads for the next (head dim 128: Tile128Wide, causal Tile128; 64:
+    # Tile64Staged, in three rounds, none split).
+    for head_dim, batch, len_q, len_kv, causal in (
+        (128, sms + 4, 128, 400, False),
+        (128, sms + 4, 256, 256, True),
+        (64, 3 * sms - 1, 192, 400, False),
+    ):
         q, k, v = (
-            torch.randn(sms + 4, n, 128, generator=generator).to("cuda", torch.bfloat16)
+            torch.randn(batch, n, head_dim, generator=generator).to("cuda", torch.bfloat16)
             for n in (len_q, len_kv, len_kv)
         )
         fixed.fast_attention(q, k, v, is_causal=causal)

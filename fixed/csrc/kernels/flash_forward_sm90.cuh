@@ -428,7 +428,9 @@ template <class Visit>
 auto with_ws_tiles(const AttentionProblem& p, const Visit& visit) {
   namespace ws = sm90_ws;
   const int64_t widest = p.head_dim > value_dim(p) ? p.head_dim : value_dim(p);
-  return widest <= 64 ? visit(TileChoice<ws::Tile64, ws::Tile64Args>{})
+  const bool d64_staged = ws::d64_stages_o(p.causal, p.len_kv);
+  return widest <= 64 && d64_staged ? visit(TileChoice<ws::Tile64Staged, ws::Tile64Args>{})
+         : widest <= 64             ? visit(TileChoice<ws::Tile64, ws::Tile64Args>{})
          : widest <= 128 && value_dim(p) <= 64 && !p.causal
              ? visit(TileChoice<ws::Tile128Ev64Wide, ws::Tile128Args>{})
          : widest <= 128 && value_dim(p) <= 64

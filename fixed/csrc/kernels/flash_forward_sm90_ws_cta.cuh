@@ -28,8 +28,8 @@
 //   v48, v49), so the softmax runs under the other warpgroups' products, not its own (the loop
 //   says why its code follows that order, except in ping-pong between two).
 // After the last block, O += P_last V_last, then O / row sums and lse out
-// (flash_forward_sm90_ws_epilogue.cuh; with two consumers in ping-pong through the item's last K
-// and V buffers and TMA stores). The sequence of operations on O, the row maxima and the row sums
+// (flash_forward_sm90_ws_epilogue.cuh; in the tilings with kStagesO, the two-consumer ping-pong
+// ones and Tile64Staged, through the item's last K and V buffers and TMA stores). The sequence of operations on O, the row maxima and the row sums
 // is flash_forward_sm90.cuh's; only the issue order differs.
 // Ping-pong (kPingPong): the consumers take turns issuing their products (named barriers 1, 2
 // and, with three consumers, 4; 3 is the split's), in rotation where there are three, so one
@@ -315,29 +315,42 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
   // Without turns, and with three warpgroups in rotation, the wait for P V goes before the
   // softmax (below); with two in ping-pong, after it.
   constexpr bool kFusedOrder = !F::kPingPong || F::kConsumers == 3;
-  // O staged (stages_o): consumer 0 writes it into K_last's buffer once consumer 1's last
-  // S is done, consumer 1 into V_last's once consumer 0's last P V is done (named barriers 5 and
-  // 6, one use per item: the turns keep either warpgroup from arriving twice before the other
-  // waits). Each warp releases its buffer before its next item's first S, when its stores have
-  // read it (by then long done); the producer reloads that buffer for the next item's second
-  // block (third with three stages).
+  // O staged (stages_o) at a whole item's end: the last consumer in the turns' order writes it
+  // into V_last's buffer once every other consumer's last P V is done, each other consumer c into
+  // its 64 rows of K_last's once every other consumer's last S is done (named barrier 5 + c:
+  // consumer c waits, the others arrive; one use per item, as the turns keep any warpgroup from
+  // arriving twice before the waiting one has waited). Each warp releases its buffer before its
+  // next item's first S, when its stores have read it (by then long done); the producer reloads
+  // that buffer one or more blocks into the next item.
   constexpr bool kStagesO = stages_o<F, kArgs>();
-  constexpr uint32_t kLastSDone = 5, kLastPVDone = 6, kPairThreads = 256;
+  constexpr uint32_t kStageBarrier = 5, kStageThreads = 128 * F::kConsumers;
+  // (With two consumers the tests are spelled as before three could stage: ptxas then keeps
+  // the code of v56, whose kernels were measured.)
+  constexpr bool kPair = F::kConsumers == 2;
+  const bool o_in_k = kPair ? consumer == 0 : consumer + 1 < F::kConsumers;  // else V_last's
   int o_stage = -1;  // the stage whose buffer holds this warp's staged O; -1: none
   const auto release_o_buffer = [&] {
     if (kStagesO && o_stage >= 0) {
       bulk_wait_group_read_all();  // a no-op but in the lane that issued the stores
-      release(consumer == 0 ? bar.k_empty(o_stage) : bar.v_empty(o_stage), lane);
+      release(o_in_k ? bar.k_empty(o_stage) : bar.v_empty(o_stage), lane);
       o_stage = -1;
     }
   };
-  // After S_j's wait: releases K_j, but the item's last K in consumer 0, which keeps it for O.
+  // After S_j's wait: releases K_j, but the item's last K where O goes into it; and tells the
+  // consumers that write O into K_last that this one is done with it. (A part of a split item
+  // keeps the same steps, though its O goes to the split's workspace: a branch on it here
+  // serialized the 192-row tiling's wgmma, C7520.)
   const auto release_k = [&](uint32_t stage, bool last) {
-    if (!(kStagesO && last && consumer == 0)) {
+    if (!(kStagesO && last && o_in_k)) {
       release(bar.k_empty(stage), lane);
     }
-    if (kStagesO && last && consumer == 1) {
-      named_barrier_arrive(kLastSDone, kPairThreads);
+    if (kStagesO && last) {
+#pragma unroll
+      for (int c = 0; c + 1 < F::kConsumers; ++c) {
+        if (kPair ? consumer == 1 : c != consumer) {
+          named_barrier_arrive(kStageBarrier + static_cast<uint32_t>(c), kStageThreads);
+        }
+      }
     }
   };
   const uint32_t q_rows = q_tile + static_cast<uint32_t>(consumer * 64) * F::kRowBytes;
@@ -526,26 +539,31 @@ __device__ __forceinline__ void consume(T* __restrict__ out, float* __restrict__
       wgmma_wait_group<0>();
       wgmma_fence_operands(o);
       wgmma_fence_fragments(p_frag);
-      if constexpr (kStagesO) {  // consumer 1 keeps V_last for O
-        if (consumer == 0) {
+      if constexpr (kStagesO) {  // the last consumer keeps V_last for O
+        if (o_in_k) {
           release(bar.v_empty(last), lane);
-          named_barrier_arrive(kLastPVDone, kPairThreads);
+          named_barrier_arrive(kStageBarrier + F::kConsumers - 1, kStageThreads);
         }
         o_stage = static_cast<int>(last);
       } else {
         release(bar.v_empty(last), lane);
       }
     }
+    if (kStagesO && o_stage >= 0) {  // (an item with every key hidden has no buffer)
+      named_barrier_sync(kPair ? (consumer == 0 ? kStageBarrier : kStageBarrier + 1)
+                               : kStageBarrier + static_cast<uint32_t>(consumer),
+                         kStageThreads);
+    }
     if (part >= 0) {  // a part of a split item (flash_forward_sm90_ws_schedule.cuh)
       finish_part<T, F>(out, lse, o, r, w, part, split, unit, bar.split_flag(), p,
                         consumer == 0 && warp_in_group == 0 && lane == 0);
       continue;
     }
-    if (kStagesO && o_stage >= 0) {  // (an item with every key hidden has no buffer)
-      named_barrier_sync(consumer == 0 ? kLastSDone : kLastPVDone, kPairThreads);
+    if (kStagesO && o_stage >= 0) {
       const uint32_t buffer =
-          (consumer == 0 ? k_tiles + static_cast<uint32_t>(o_stage) * kKBytes
-                         : v_tiles + static_cast<uint32_t>(o_stage) * kVBytes) +
+          (o_in_k ? k_tiles + static_cast<uint32_t>(o_stage) * kKBytes +
+                        static_cast<uint32_t>(kPair ? 0 : consumer) * 64 * Dv * 2
+                  : v_tiles + static_cast<uint32_t>(o_stage) * kVBytes) +
           static_cast<uint32_t>(warp_in_group) * (Dv / 64) * 16 * F::kRowBytes;
       stage_rows<T, F>(o_map, buffer, lse, o, r, w, p, unit, lane);
     } else {

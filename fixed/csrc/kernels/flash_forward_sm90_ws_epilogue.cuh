@@ -3,8 +3,8 @@
 // tail's parts end in flash_forward_sm90_ws_schedule.cuh instead. Two ways out for O:
 //   store_rows: straight from registers to global memory, 4 bytes a store (every tiling);
 //   stage_rows: through a shared-memory buffer the item no longer reads, by stmatrix, then one
-//     TMA store per warp and 64 columns (the two-consumer ping-pong tilings without a mask or
-//     dropout: stages_o).
+//     TMA store per warp and 64 columns (the tilings whose consumers take turns, without a mask
+//     or dropout, where the tiling asks for it: stages_o).
 //     A thread's 32 four-byte stores at D = 128 (each a warp's write into 8 partial cache
 //     lines) took 5% of the kernel at S = 2048 (timed without them); staged, the D = 128
 //     forward ran 1.02-1.06x faster at S = 2048-8192, kernels alone (perf/NOTES.md, v56).

@@ -23,13 +23,16 @@ namespace sm90_ws {
 // are three (flash_forward_sm90_ws_cta.cuh). MaskEntry: float, or the inputs' 16-bit dtype
 // (mask_in_input_dtype; WithMaskEntry).
 // kValueDim: V's and O's columns, kHeadDim or a narrower 64 (Ev <= 64 under E <= 128).
+// kStagesO: O leaves through shared memory and TMA stores (below); by default with two
+// consumers in ping-pong.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, int kMaskStages_ = 0,
-          int kConsumers_ = 2, typename MaskEntry_ = float, int kValueDim_ = kHeadDim_>
+          int kConsumers_ = 2, typename MaskEntry_ = float, int kValueDim_ = kHeadDim_,
+          bool kStagesO_ = kConsumers_ == 2 && kPingPong_>
 struct Tile {
   using MaskEntry = MaskEntry_;
   template <typename Entry>
   using WithMaskEntry = Tile<kHeadDim_, kBlockN_, kStages_, kPingPong_, kMaskStages_,
-                             kConsumers_, Entry, kValueDim_>;
+                             kConsumers_, Entry, kValueDim_, kStagesO_>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kValueDim = kValueDim_;
   static constexpr int kBlockN = kBlockN_;
@@ -60,11 +63,13 @@ struct Tile {
   // slower with its code and no measured shape of theirs gained (perf/NOTES.md, v35).
   static constexpr bool kSplitsTail = kConsumers == 3;
   // O leaves through a buffer of the item's last key block and TMA (flash_forward_sm90_ws_
-  // epilogue.cuh's stage_rows): consumer 0's warps through K's, consumer 1's through V's. The
-  // turns make it safe (the CTA says how). With three consumers, two warpgroups' rows would go
-  // into K's buffer (perf/NOTES.md, v56).
-  static constexpr bool kStagesO = kConsumers == 2 && kPingPong;
-  static_assert(kBlockN >= 64, "a warpgroup's O (64 rows) fits a K and a V buffer");
+  // epilogue.cuh's stage_rows) where kStagesO_ asks for it: the last consumer's warps through
+  // V's, the others' through their rows of K's. The turns make it safe (the CTA says how).
+  static constexpr bool kStagesO = kStagesO_;
+  static_assert(!kStagesO ||
+                    (kPingPong && (kConsumers - 1) * 64 * kValueDim <= kBlockN * kHeadDim),
+                "staged O needs turns, and K's buffer must hold the rows of all but one consumer");
+  static_assert(kBlockN >= 64, "a warpgroup's O (64 rows) fits a V buffer");
   // The registers at launch (__launch_bounds__(kThreads, 1)), less the producer's 24 per thread
   // (32 with three consumers, whose split would spill at 24), shared by the consumers in
   // multiples of 8, at most 240: 240 for two consumer warpgroups, 160 for three.
