@@ -274,11 +274,12 @@ SplitWorkspace split_workspace(const AttentionProblem&) {
 // diagonal).
 using Tile64 = Tile<64, 128, 3, true, 0, 3>;
 // The same tile with O through shared memory and TMA stores, as the two-consumer tilings store it
-// (v56), for short items: 1.015-1.03x at S <= 2048 but 0.99x at S >= 8192 and under causality,
-// where the writers' waits for the other warpgroups cost more than the stores (v57, v58).
+// (v56), for short items: kernels alone 1.01-1.03x at S <= 2048, 1.00x at 4096 (0.97x in the
+// operator with cold inputs), 0.99x at S >= 8192 and about 1.00x under causality, where the
+// writers' waits for the other warpgroups cost about what the stores saved (v57, v58).
 using Tile64Staged = Tile<64, 128, 3, true, 0, 3, float, 64, true>;
 constexpr bool d64_stages_o(bool causal, int64_t len_kv) {  // Tile64Staged, not Tile64
-  return !causal && len_kv <= 4096;
+  return !causal && len_kv <= 2048;
 }
 using Tile128 = Tile<128, 128, 3, true>;
 using Tile64Args = Tile<64, 128, 2, false, 2>;
