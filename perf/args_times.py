@@ -27,6 +27,7 @@ dropout-64`."""
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import math
 import statistics
@@ -183,6 +184,11 @@ def calls(attention, q, k, v, grad, mask, dropout_p):
 def time_case(name, batch, seq, dim, mask_kind, dropout_p, dtype=torch.bfloat16, cold=False):
     import fixed  # after the GPU check: importing fixed builds its operator
 
+    # Each case from an empty allocator cache, as make bench starts each LLM shape: where the
+    # previous cases' freed blocks placed this one's tensors, fixed's (4, 16, 4096, 64) forward
+    # read 0.61-0.65 ms instead of 0.53 (perf/NOTES.md, v58).
+    gc.collect()
+    torch.cuda.empty_cache()
     sets = [inputs(batch, seq, dim, mask_kind, dtype)]
     if cold:
         (q, k, v), grad, _ = sets[0]
