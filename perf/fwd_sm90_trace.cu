@@ -15,16 +15,16 @@
 //
 // Q, K, V of (B x H, S, D) from sm90_check_common.cuh's fill_kernel, L = S. The tiling is the
 // operator's: D = 64 the 192-row one (Tile64, or Tile64Staged where d64_stages_o), D = 128 the
-// 176-key one (Tile128Wide), or where causal the 128-key one (Tile128). `split` 1 hands the launcher the workspace of the last
-// round's split (flash_forward_sm90_ws_schedule.cuh; only the 192-row tiling splits), as the
-// operator does; 0 withholds it. Eight launches; per launch: its time (CUDA events), the CTAs'
-// end times after the first CTA's start (globaltimer, read by consumer 0 of each CTA), the
-// durations of whole items and of split parts (a round's duration: from taking its work to
-// taking the next), and the medians of a whole item's phases: its wait for Q (from taking the
-// work to the Q's full barrier), its first S (to that product's wait), the blocks after it (to
-// the wait for its last P V) and the tail (the epilogue and taking the next round's work). Then,
-// for the last launch, each CTA's rounds: start time (us) and f(ull item) or p(art), with its
-// key blocks.
+// 176-key one (Tile128Wide), or where causal the 128-key one (Tile128). `split` 1 hands the
+// launcher the workspace of the last round's split (flash_forward_sm90_ws_schedule.cuh; only the
+// 192-row tilings split), as the operator does; 0 withholds it. Eight launches; per launch: its
+// time (CUDA events), the CTAs' end times after the first CTA's start (globaltimer, read by
+// consumer 0 of each CTA), the durations of whole items and of split parts (a round's duration:
+// from taking its work to taking the next), and the medians of a whole item's phases: its wait for
+// Q (from taking the work to the Q's full barrier), its first S (to that product's wait), the
+// blocks after it (to the wait for its last P V) and the tail (the epilogue and taking the next
+// round's work). Then, for the last launch, each CTA's rounds: start time (us) and f(ull item) or
+// p(art), with its key blocks.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

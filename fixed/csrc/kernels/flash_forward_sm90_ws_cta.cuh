@@ -29,8 +29,9 @@
 //   says why its code follows that order, except in ping-pong between two).
 // After the last block, O += P_last V_last, then O / row sums and lse out
 // (flash_forward_sm90_ws_epilogue.cuh; in the tilings with kStagesO, the two-consumer ping-pong
-// ones and Tile64Staged, through the item's last K and V buffers and TMA stores). The sequence of operations on O, the row maxima and the row sums
-// is flash_forward_sm90.cuh's; only the issue order differs.
+// ones and Tile64Staged, through the item's last K and V buffers and TMA stores). The sequence of
+// operations on O, the row maxima and the row sums is flash_forward_sm90.cuh's; only the issue
+// order differs.
 // Ping-pong (kPingPong): the consumers take turns issuing their products (named barriers 1, 2
 // and, with three consumers, 4; 3 is the split's), in rotation where there are three, so one
 // warpgroup's softmax runs while the others' products occupy the tensor cores. Left to the
