@@ -1,6 +1,7 @@
 """Forward and forward+backward times of fixed and SDPA's default for the args rows a kernel change
 moves (bf16 unless a case says float32, H = 16; CUDA events, 3 warm-up calls, the median of 20
-batches), printed one row per case with SDPA's time over fixed's. A batch is CALLS_PER_BATCH calls
+batches, fixed's and SDPA's in alternating rounds), printed one row per case with SDPA's time over
+fixed's. A batch is CALLS_PER_BATCH calls
 timed behind one untimed call, the time per call its share: the GPU is busy when the first event
 fires and the host enqueues ahead of it, so a call's host time (tens of microseconds, the glue's
 allocations among them) is hidden wherever it is shorter than the GPU's, as in `make bench`'s
@@ -146,21 +147,34 @@ def rotating(functions):
 CALLS_PER_BATCH = 10
 
 
-def median_ms(fn, reps=20):
-    """fn's GPU time per call: the median over `reps` batches (the module's docstring)."""
-    for _ in range(3):
+def batch_ms(fn):
+    """fn's GPU time per call over one batch (the module's docstring)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()  # untimed: the GPU is busy when `start` is reached
+    start.record()
+    for _ in range(CALLS_PER_BATCH):
         fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        fn()  # untimed: the GPU is busy when `start` is reached
-        start.record()
-        for _ in range(CALLS_PER_BATCH):
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / CALLS_PER_BATCH
+
+
+def alternating_medians_ms(functions, reps=20):
+    """Each function's GPU time per call: the median of its `reps` batches, timed in rounds of one
+    batch each, in an order reversed every other round. Timed one after the other, the first
+    function's batches ran in what the case before left behind: after args_times' plain group the
+    SM clock read 1635-1710 MHz against 1980 rested, and for about 100 ms fixed's (4, 16, 4096,
+    64) forward kernel took 595-648 us and SDPA's 580-677, against 533 and 574 after
+    (perf/NOTES.md, v59). In rounds, such a drift lands on both sides alike."""
+    for fn in functions:
+        for _ in range(3):
             fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / CALLS_PER_BATCH)
-    return statistics.median(times)
+    times = [[] for _ in functions]
+    for round_ in range(reps):
+        order = list(zip(functions, times, strict=True))
+        for fn, batches in order if round_ % 2 == 0 else order[::-1]:
+            batches.append(batch_ms(fn))
+    return [statistics.median(batches) for batches in times]
 
 
 def calls(attention, q, k, v, grad, mask, dropout_p):
@@ -184,9 +198,7 @@ def calls(attention, q, k, v, grad, mask, dropout_p):
 def time_case(name, batch, seq, dim, mask_kind, dropout_p, dtype=torch.bfloat16, cold=False):
     import fixed  # after the GPU check: importing fixed builds its operator
 
-    # Each case from an empty allocator cache, as make bench starts each LLM shape: where the
-    # previous cases' freed blocks placed this one's tensors, fixed's (4, 16, 4096, 64) forward
-    # read 0.61-0.65 ms instead of 0.53 (perf/NOTES.md, v58).
+    # Each case from an empty allocator cache, as make bench starts each LLM shape.
     gc.collect()
     torch.cuda.empty_cache()
     sets = [inputs(batch, seq, dim, mask_kind, dtype)]
@@ -200,16 +212,13 @@ def time_case(name, batch, seq, dim, mask_kind, dropout_p, dtype=torch.bfloat16,
         kind = None if shared_mask else mask_kind
         sets += [inputs(batch, seq, dim, kind, dtype, seed) for seed in range(1, count)]
     mask = sets[0][2]
-    result = {}
-    for label, attention in (
-        ("fixed", fixed.fast_attention),
-        ("sdpa", F.scaled_dot_product_attention),
-    ):
+    forwards, forward_backwards = [], []
+    for attention in (fixed.fast_attention, F.scaled_dot_product_attention):
         pairs = [calls(attention, *qkv, grad, mask, dropout_p) for qkv, grad, _ in sets]
-        forward = rotating([pair[0] for pair in pairs])
-        forward_backward = rotating([pair[1] for pair in pairs])
-        result[label] = (median_ms(forward), median_ms(forward_backward))
-    (fwd, both), (sdpa_fwd, sdpa_both) = result["fixed"], result["sdpa"]
+        forwards.append(rotating([pair[0] for pair in pairs]))
+        forward_backwards.append(rotating([pair[1] for pair in pairs]))
+    fwd, sdpa_fwd = alternating_medians_ms(forwards)
+    both, sdpa_both = alternating_medians_ms(forward_backwards)
     print(
         f"{name:18s} ({batch}, {HEADS}, {seq}, {dim}): fwd {fwd:.4f} ms vs SDPA {sdpa_fwd:.4f} "
         f"({sdpa_fwd / fwd:.2f}x)  fwd+bwd {both:.4f} vs {sdpa_both:.4f} ({sdpa_both / both:.2f}x)",

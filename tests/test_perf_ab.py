@@ -180,3 +180,26 @@ def test_a_stop_mid_run_prints_the_finished_rounds(tmp_path):
     assert err.strip().splitlines() == ["ab: stopped (SIGTERM) after 1 of 3 rounds"], err
     with pytest.raises(ProcessLookupError):  # killed and reaped, not left sleeping
         os.kill(int((b / "hanging.pid").read_text()), 0)
+
+
+def test_fixed_and_sdpa_batches_alternate(monkeypatch):
+    """args_times.py times fixed's batches and SDPA's in rounds, the order reversed every other
+    round, so that a drift of the GPU lands on both (perf/NOTES.md, v59); each gets its own
+    median."""
+    args_times = load_perf_script("args_times")
+    timed = []
+    monkeypatch.setattr(args_times, "batch_ms", lambda fn: fn())
+    fixed_ms = iter([0.0] * 3 + [1.0, 9.0, 2.0, 3.0])  # three warm-up calls, then four batches
+
+    def fixed():
+        timed.append("fixed")
+        return next(fixed_ms)
+
+    def sdpa():
+        timed.append("sdpa")
+        return 5.0
+
+    warm_up = ["fixed"] * 3 + ["sdpa"] * 3
+    medians = args_times.alternating_medians_ms([fixed, sdpa], reps=4)
+    assert timed == [*warm_up, "fixed", "sdpa", "sdpa", "fixed", "fixed", "sdpa", "sdpa", "fixed"]
+    assert medians == [2.5, 5.0]
