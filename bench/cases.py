@@ -146,7 +146,14 @@ def make_settings(args, device: torch.device) -> Settings:
         # The CPU builds are plain loops: small sequences only.
         settings.kata_batch = 2
         settings.kata_seqs = (128, 256) if args.quick else (128, 256, 512)
-    for name in ("budget_s", "min_runs", "max_runs", "max_call_s", "time_limit_s"):
+    for name in (
+        "budget_s",
+        "min_runs",
+        "max_runs",
+        "max_call_s",
+        "time_limit_s",
+        "alternate_settle_ms",
+    ):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

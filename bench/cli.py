@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,16 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"bench: {message} (see `{self.prog} --help`)\n")
+
+
+def _milliseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds, 0 or more")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="S",
         help="rows whose single call takes longer are not timed (1 s; 0.5 s with --quick)",
+    )
+    parser.add_argument(
+        "--settle",
+        dest="alternate_settle_ms",
+        type=_milliseconds,
+        metavar="MS",
+        help="on a GPU, how long each alternating batch first runs its own calls untimed (30)",
     )
     parser.add_argument(
         "--time-limit",

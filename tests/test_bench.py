@@ -143,6 +143,22 @@ def test_time_limit_skips_rows_with_the_reason(tmp_path, capsys):
     assert "Skipped rows:" in capsys.readouterr().out
 
 
+def test_settle_sets_each_batch_s_untimed_lead_and_refuses_bad_values(capsys):
+    """--settle MS: the untimed calls before each alternating batch (GPU power states take about
+    100 ms to settle, perf/NOTES.md v59); a bad value is one line and exit 2."""
+    parse = cli.build_parser().parse_args
+    settings = cases.make_settings(parse(["--settle", "250"]), torch.device("cpu"))
+    assert settings.alternate_settle_ms == 250.0
+    assert cases.make_settings(parse([]), torch.device("cpu")).alternate_settle_ms == 30.0
+    assert alternate.settle_calls(250.0, 0.5) == 500
+    for bad in ("-1", "x", "inf", "nan"):
+        with pytest.raises(SystemExit) as exit_:
+            parse(["--settle", bad])
+        assert exit_.value.code == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "--settle" in error and "Traceback" not in error, error
+
+
 # The GPU-only rows' logic, on the CPU: tiny bfloat16 shapes, SDPA's CPU flash kernel standing in
 # for the GPU's, no cuDNN (so its rows are refused), and a deliberately wrong implementation.
 
