@@ -1,12 +1,12 @@
 """Forward and forward+backward times of fixed and SDPA's default for the args rows a kernel change
 moves (bf16 unless a case says float32, H = 16; CUDA events, 3 warm-up calls, the median of 20
 batches, fixed's and SDPA's in alternating rounds), printed one row per case with SDPA's time over
-fixed's. A batch is CALLS_PER_BATCH calls
-timed behind one untimed call, the time per call its share: the GPU is busy when the first event
-fires and the host enqueues ahead of it, so a call's host time (tens of microseconds, the glue's
-allocations among them) is hidden wherever it is shorter than the GPU's, as in `make bench`'s
-batches. One call between two events, as before v35, counted the host's time before the launch: the
-split tail's kernel gained 6% at plain-64 and this script read 0.99x (perf/NOTES.md, v35).
+fixed's. A batch is CALLS_PER_BATCH calls timed behind one untimed call, the time per call its
+share: the GPU is busy when the first event fires and the host enqueues ahead of it, so a call's
+host time (tens of microseconds, the glue's allocations among them) is hidden wherever it is shorter
+than the GPU's, as in `make bench`'s batches. One call between two events, as before v35, counted
+the host's time before the launch: the split tail's kernel gained 6% at plain-64 and this script
+read 0.99x (perf/NOTES.md, v35).
 
 The instrument of perf/NOTES.md's A/B runs (v27 on; perf/ab.py runs it in two checkouts,
 alternating which goes first, so that both see the same machine). `make bench` stays the

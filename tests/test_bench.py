@@ -143,7 +143,7 @@ def test_time_limit_skips_rows_with_the_reason(tmp_path, capsys):
     assert "Skipped rows:" in capsys.readouterr().out
 
 
-def test_settle_sets_each_batch_s_untimed_lead_and_refuses_bad_values(capsys):
+def test_settle_sets_the_untimed_lead_of_each_batch_and_refuses_bad_values(capsys):
     """--settle MS: the untimed calls before each alternating batch (GPU power states take about
     100 ms to settle, perf/NOTES.md v59); a bad value is one line and exit 2."""
     parse = cli.build_parser().parse_args
