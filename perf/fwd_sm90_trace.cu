@@ -23,8 +23,12 @@
 // from taking its work to taking the next), and the medians of a whole item's phases: its wait for
 // Q (from taking the work to the Q's full barrier), its first S (to that product's wait), the
 // blocks after it (to the wait for its last P V) and the tail (the epilogue and taking the next
-// round's work). Then, for the last launch, each CTA's rounds: start time (us) and f(ull item) or
-// p(art), with its key blocks.
+// round's work). Then each consumer warpgroup's own phases of a whole item, in SM cycles (clock64,
+// read by warp 0 of the warpgroup): the wait for Q, the first S's turn and product, the first
+// block's softmax, the block loop and what it waited for (K and V, the turn, S, P V: summed over
+// the item's blocks), the last P V's turn and product, the rows' sums finished (staged tilings),
+// O staged or stored, and taking the next round's work. Then, for the last launch, each CTA's
+// rounds: start time (us) and f(ull item) or p(art), with its key blocks.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,6 +39,7 @@
 #include <cstdlib>
 #include <vector>
 
+constexpr int kCycleMarks = 10;  // per consumer warpgroup: fwd_trace_cycle's marks 0-9
 struct FwdTraceEntry {
   unsigned long long time;     // globaltimer, ns, when the round's work is taken; 0: not reached
   unsigned long long q_ready;  // when its Q has arrived
@@ -42,6 +47,12 @@ struct FwdTraceEntry {
   unsigned long long last_pv;  // when its last block's P V is done (before the epilogue)
   int part;                    // -1: a whole item, >= 0: a split part's unit, -2: no work left
   int blocks;                  // key blocks of the round's work
+  // Consumers 0 and 1 (warp 0 of each), SM cycles: taken (after O's zeros), Q arrived, first
+  // S's turn taken (after its K and the previous item's O buffer), first S done, first P packed,
+  // loop done, last P V's turn taken, last P V done, rows' sums finished (staged tilings only), O
+  // staged or stored. 0: not reached.
+  long long cycles[2][kCycleMarks];
+  long long waits[2][4];  // the loop's waits, summed: K and V, the turn, S, P V
 };
 #define FWD_TRACE 1
 #define FWD_TRACE_CTAS 1024
@@ -79,6 +90,35 @@ __device__ __forceinline__ void fwd_trace_mark(bool record, uint32_t round, int 
                : "memory");
 }
 
+__device__ __forceinline__ long long fwd_trace_clock() {
+  long long now;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(now));
+  return now;
+}
+// Each consumer warpgroup's own marks and the loop's waits (consumers 0 and 1; a third's are not
+// kept), stored as fwd_trace_mark stores.
+__device__ __forceinline__ void fwd_trace_store(bool record, long long* at, long long value) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.global.u64 [%1], %2;\n}\n" ::"r"(
+                   static_cast<unsigned>(record)),
+               "l"(at), "l"(value)
+               : "memory");
+}
+__device__ __forceinline__ void fwd_trace_cycle(bool record, uint32_t round, int consumer,
+                                                int mark) {
+  record = record && consumer < 2;
+  FwdTraceEntry* entry = fwd_trace_entry(record, round);
+  fwd_trace_store(record, &entry->cycles[record ? consumer : 0][mark], fwd_trace_clock());
+}
+__device__ __forceinline__ void fwd_trace_store_waits(bool record, uint32_t round, int consumer,
+                                                      const long long (&waits)[4]) {
+  record = record && consumer < 2;
+  FwdTraceEntry* entry = fwd_trace_entry(record, round);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    fwd_trace_store(record, &entry->waits[record ? consumer : 0][i], waits[i]);
+  }
+}
+
 #include "sm90_check_common.cuh"  // CHECK_CUDA, fill_kernel, device_ready, parse_count, median
 #include "../fixed/csrc/kernels/flash_forward_sm90_ws.cuh"
 
@@ -86,6 +126,61 @@ namespace fk = fixed_attention::kernels;
 namespace ws = fixed_attention::kernels::flash::sm90_ws;
 
 namespace {
+
+// Each consumer warpgroup's phases of a whole item (medians over every CTA's whole items, in SM
+// cycles), from its marks in order; "next work" ends at the next round's take.
+void report_cycles(const std::vector<FwdTraceEntry>& trace, int ctas) {
+  static const char* const kPhases[] = {"Q",        "first K and turn", "first S",
+                                        "first softmax", "block loop", "last P V's turn",
+                                        "last P V", "rows' sums",  "O out"};
+  static const char* const kWaits[] = {"K and V", "turn", "S", "P V"};
+  for (int c = 0; c < 2; ++c) {
+    std::vector<double> phases[kCycleMarks], waits[4], lag;
+    for (int cta = 0; cta < ctas; ++cta) {
+      const FwdTraceEntry* entry = &trace[cta * FWD_TRACE_ROUNDS];
+      for (int r = 0; r + 1 < FWD_TRACE_ROUNDS && entry[r].time != 0; ++r) {
+        const FwdTraceEntry& e = entry[r];
+        const long long* at = e.cycles[c];
+        if (e.part != -1 || at[0] == 0 || at[9] == 0) {
+          continue;
+        }
+        int previous = 0;  // the last mark reached (mark 8 only where O is staged)
+        for (int m = 1; m < kCycleMarks; ++m) {
+          if (at[m] != 0) {
+            phases[m - 1].push_back(static_cast<double>(at[m] - at[previous]));
+            previous = m;
+          }
+        }
+        if (entry[r + 1].part != -2 && entry[r + 1].cycles[c][0] != 0) {
+          phases[kCycleMarks - 1].push_back(static_cast<double>(entry[r + 1].cycles[c][0] - at[9]));
+        }
+        for (int i = 0; i < 4; ++i) {
+          waits[i].push_back(static_cast<double>(e.waits[c][i]));
+        }
+        if (c == 1 && e.cycles[0][0] != 0) {
+          lag.push_back(static_cast<double>(at[0] - e.cycles[0][0]));
+        }
+      }
+    }
+    if (phases[0].empty()) {
+      continue;
+    }
+    std::printf("  consumer %d, whole items' medians (cycles):", c);
+    for (int m = 0; m < kCycleMarks; ++m) {
+      if (!phases[m].empty()) {
+        std::printf(" %s %.0f,", m + 1 < kCycleMarks ? kPhases[m] : "next work", median(phases[m]));
+      }
+    }
+    std::printf(" the loop's waits:");
+    for (int i = 0; i < 4; ++i) {
+      std::printf(" %s %.0f", kWaits[i], median(waits[i]));
+    }
+    if (!lag.empty()) {
+      std::printf("; taken %.0f after consumer 0", median(lag));
+    }
+    std::printf("\n");
+  }
+}
 
 // One launch's summary; the per-CTA rounds too when `rounds` is set.
 void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float ms,
@@ -139,6 +234,7 @@ void report(const std::vector<FwdTraceEntry>& trace, int ctas, int launch, float
               median(q_waits),
               q_waits.empty() ? 0.0 : *std::max_element(q_waits.begin(), q_waits.end()),
               median(first_s), median(blocks), median(tails));
+  report_cycles(trace, ctas);
   if (!rounds) {
     return;
   }
@@ -201,7 +297,7 @@ int trace_launches(int64_t batch, int64_t seq, int64_t D, bool causal, bool spli
     if (workspace.arrivals != nullptr) {
       CHECK_CUDA(cudaMemset(workspace.arrivals, 0, workspace.counts * sizeof(unsigned)));
     }
-    std::fill(trace.begin(), trace.end(), FwdTraceEntry{0, 0, 0, 0, 0, 0});
+    std::fill(trace.begin(), trace.end(), FwdTraceEntry{});
     CHECK_CUDA(cudaMemcpyToSymbol(fwd_trace, trace.data(), trace.size() * sizeof(FwdTraceEntry)));
     CHECK_CUDA(cudaEventRecord(start));
     if (!ws::launch<__nv_bfloat16, F, FArgs>(qkvo[0], qkvo[1], qkvo[2], qkvo[3], lse, p, nullptr,
