@@ -15,9 +15,14 @@ rotating, so that SDPA's cuDNN backend followed its flash backend in four rounds
 cuDNN forward at (4, 16, 8192, 128) at 3.22-3.24 ms in those four batches and 3.85 ms in the fifth,
 and SDPA's default (the same cuDNN kernel, never after flash) at 3.66-3.98 ms. So each round's
 order comes from a Williams design (every implementation follows every other one equally often over
-n rounds, n even; 2 n, n odd), and on a GPU each batch starts with untimed calls of its own
-(settings.alternate_settle_ms' worth), so that the GPU is in the state this implementation brings
-it to when the timing starts."""
+n rounds, n even; 2 n, n odd), and on a GPU each batch starts with untimed calls of its own, so
+that the GPU is in the state this implementation brings it to when the timing starts. How many: an
+H200 ran both fixed's and cuDNN's forward up to 15% slow for 100-150 ms after a heavy row (its
+clock recovering, perf/NOTES.md v59), and a fixed 30 ms left the short D = 128 rows 2-4% from where
+1 s blocks of each put them. So the untimed calls run in chunks (settings.alternate_settle_ms'
+worth each) until two chunks in a row agree (their medians within SETTLE_AGREEMENT), or
+settings.alternate_settle_max_ms' worth have run: a batch after a light one is timed after two
+chunks, one after a heavy row once it has recovered."""
 
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from bench.backends import _first_line
+from bench.cases import SETTLE_AGREEMENT
 
 NVML_SUCCESS = 0
 NVML_CLOCK_SM = 1  # nvmlClockType_t
@@ -98,8 +104,31 @@ def williams_orders(n: int) -> list[list[int]]:
 
 
 def settle_calls(settle_ms: float, estimate_ms: float) -> int:
-    """Untimed calls before a batch: settle_ms's worth, at least one."""
+    """Calls of settle_ms's worth, at least one."""
     return max(1, math.ceil(settle_ms / max(estimate_ms, 1e-3)))
+
+
+def settle(
+    entry: Entry,
+    chunk_calls: int,
+    max_calls: int,
+    time_each: Callable[[Callable[[int], object], list[int], bool], list[float]],
+) -> float:
+    """Untimed calls of entry on its next input sets, chunk_calls at a time, until two chunks in a
+    row agree (medians within SETTLE_AGREEMENT) or max_calls have run (max_calls == chunk_calls:
+    one chunk, a fixed settle). Returns their milliseconds."""
+    spent, used, previous = 0.0, 0, None
+    while used < max_calls:
+        count = min(chunk_calls, max_calls - used)
+        indices = [(entry.next_set + i) % entry.n_sets for i in range(count)]
+        entry.next_set += count
+        times = time_each(entry.call, indices, True)
+        used, spent = used + count, spent + sum(times)
+        median = statistics.median(times)
+        if previous is not None and abs(median - previous) <= SETTLE_AGREEMENT * previous:
+            break
+        previous = median
+    return spent
 
 
 def runs_for(settings, estimate_ms: float) -> int:
@@ -116,29 +145,30 @@ def alternate(
     time_each: Callable[[Callable[[int], object], list[int], bool], list[float]],
 ) -> None:
     """Time `entries` in `rounds` rounds of one batch each (round r in williams_orders' order
-    r, cycling), on a GPU each batch after settle_calls untimed calls of its own, then record
-    each row's median, runs, batch medians and SM clock. A call that fails or runs out of memory
-    marks its row and drops it from later rounds."""
+    r, cycling), on a GPU each batch after settling untimed on its own calls (settle), then
+    record each row's median, runs, batch medians, settling times and SM clock. A call that fails
+    or runs out of memory marks its row and drops it from later rounds."""
     for entry in entries:
         entry.row["batch_medians_ms"] = []
         entry.row["batch_sm_clock_mhz"] = []  # after each batch, beside its median; None: unread
+        if settings.cuda:
+            entry.row["batch_settle_ms"] = []  # each batch's untimed calls before it
     orders = williams_orders(len(entries))
     for round_ in range(rounds):
         for k in orders[round_ % len(orders)]:
             entry = entries[k]
             if entry.row["status"] != "ok":
                 continue
-            settle = (
-                settle_calls(settings.alternate_settle_ms, entry.estimate_ms)
-                if settings.cuda
-                else 0
-            )
             per_batch = math.ceil(runs_for(settings, entry.estimate_ms) / rounds)
-            indices = [(entry.next_set + i) % entry.n_sets for i in range(settle + per_batch)]
-            entry.next_set += settle + per_batch
             try:
-                time_each(entry.call, indices[:settle], settings.cuda)  # untimed: settling
-                times = time_each(entry.call, indices[settle:], settings.cuda)
+                if settings.cuda:
+                    chunk = settle_calls(settings.alternate_settle_ms, entry.estimate_ms)
+                    most = settle_calls(settings.alternate_settle_max_ms, entry.estimate_ms)
+                    settled_ms = settle(entry, chunk, max(chunk, most), time_each)
+                    entry.row["batch_settle_ms"].append(round(settled_ms, 3))
+                indices = [(entry.next_set + i) % entry.n_sets for i in range(per_batch)]
+                entry.next_set += per_batch
+                times = time_each(entry.call, indices, settings.cuda)
             except torch.OutOfMemoryError:
                 entry.row["status"] = "skipped: out of GPU memory while timing"
                 torch.cuda.empty_cache()
@@ -157,6 +187,7 @@ def alternate(
         if row["status"] != "ok" or not entry.times:
             row.pop("batch_medians_ms", None)
             row.pop("batch_sm_clock_mhz", None)
+            row.pop("batch_settle_ms", None)
             continue
         row["median_ms"] = statistics.median(entry.times)
         row["runs"] = len(entry.times)

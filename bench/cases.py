@@ -17,6 +17,9 @@ FWD, FWD_BWD = "fwd", "fwd+bwd"
 L2_FALLBACK_BYTES = 50 * 2**20  # when the device does not report its L2 cache
 ROTATION_FACTOR = 4  # the input sets of a row total at least this many L2 caches...
 MAX_INPUT_SETS = 64  # ...with at most this many sets
+# An alternating batch's settling ends where two chunks of its untimed calls have medians this
+# close (bench/alternate.py's settle).
+SETTLE_AGREEMENT = 0.01
 # The float32 math reference runs in chunks of the flattened batch, scores of at most 512 MB each:
 # at S = 16384 one (B, H) slice alone is 1 GB of scores, all 64 of them 68 GB.
 REFERENCE_CHUNK_BYTES = 2**29
@@ -61,8 +64,11 @@ class Settings:
     # The llm section times its implementations in this many alternating batches each
     # (bench/alternate.py).
     alternate_rounds: int = 5
-    # On a GPU each batch starts with about this long of its own calls, untimed.
+    # On a GPU each batch starts with its own calls, untimed, in chunks of about
+    # alternate_settle_ms until two chunks agree, for at most about alternate_settle_max_ms
+    # (bench/alternate.py's settle; equal: a fixed settle).
     alternate_settle_ms: float = 30.0
+    alternate_settle_max_ms: float = 250.0
     kata_batch: int = 8
     kata_seqs: tuple[int, ...] = (512, 1024, 2048, 4096)
     llm_batch: int = 4
@@ -93,6 +99,7 @@ class Settings:
             "l2_bytes": self.l2_bytes,
             "alternate_rounds": self.alternate_rounds,
             "alternate_settle_ms": self.alternate_settle_ms if self.cuda else 0.0,
+            "alternate_settle_max_ms": self.alternate_settle_max_ms if self.cuda else 0.0,
             "rotation_bytes": ROTATION_FACTOR * self.l2_bytes,
             "overhead": {
                 "shape": list(self.overhead_shape),
@@ -130,7 +137,7 @@ def make_settings(args, device: torch.device) -> Settings:
         min_runs=3 if args.quick else 5,
         max_runs=10 if args.quick else 50,
         max_call_s=0.5 if args.quick else 1.0,
-        time_limit_s=90.0 if args.quick else 240.0,
+        time_limit_s=90.0 if args.quick else 600.0,
         max_seq=args.max_seq,
         seed=args.seed,
         l2_bytes=l2,
@@ -138,6 +145,7 @@ def make_settings(args, device: torch.device) -> Settings:
     if args.quick:
         settings.overhead_batches, settings.overhead_calls = 3, 50
         settings.alternate_rounds = 3
+        settings.alternate_settle_max_ms = settings.alternate_settle_ms  # one chunk: fixed
         settings.llm_seqs = (1024, 4096)
         settings.args_seqs, settings.args_dims = ((1024, 4),), (128,)
     if cuda:
@@ -153,10 +161,16 @@ def make_settings(args, device: torch.device) -> Settings:
         "max_call_s",
         "time_limit_s",
         "alternate_settle_ms",
+        "alternate_settle_max_ms",
     ):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)
+    # A --settle above the longest settle asked for (or the default one) is a fixed settle.
+    if args.alternate_settle_max_ms is None:
+        settings.alternate_settle_max_ms = max(
+            settings.alternate_settle_max_ms, settings.alternate_settle_ms
+        )
     settings.max_runs = max(settings.max_runs, settings.min_runs)
     return settings
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from bench.backends import Implementations, _first_line, machine_facts
-from bench.cases import SECTIONS, make_settings
+from bench.cases import SECTIONS, SETTLE_AGREEMENT, make_settings
 from bench.table import format_table, write_chart
 from bench.timing import Bench
 
@@ -86,14 +86,23 @@ def build_parser() -> argparse.ArgumentParser:
         dest="alternate_settle_ms",
         type=_milliseconds,
         metavar="MS",
-        help="on a GPU, how long each alternating batch first runs its own calls untimed (30)",
+        help="on a GPU, each alternating batch first runs its own calls untimed in chunks of "
+        f"this long, until two chunks' medians agree within {SETTLE_AGREEMENT * 100:g}%% (30)",
+    )
+    parser.add_argument(
+        "--settle-max",
+        dest="alternate_settle_max_ms",
+        type=_milliseconds,
+        metavar="MS",
+        help="at most this long of untimed calls per batch (250; with --quick, --settle's value: "
+        "a fixed settle)",
     )
     parser.add_argument(
         "--time-limit",
         dest="time_limit_s",
         type=float,
         metavar="S",
-        help="time no new row after this many seconds (240; 90 with --quick)",
+        help="time no new row after this many seconds (600; 90 with --quick)",
     )
     return parser
 
@@ -106,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     settings = make_settings(args, device)
+    if settings.alternate_settle_max_ms < settings.alternate_settle_ms:
+        parser.error(
+            f"--settle-max {settings.alternate_settle_max_ms:g} is below --settle "
+            f"{settings.alternate_settle_ms:g}: the longest settle is at least one chunk"
+        )
     bench = Bench(settings)
     bench.log(f"bench: loading flawed/ and fixed/ on {device.type} (fixed/ builds on first use)")
     impls = Implementations(settings.sections)

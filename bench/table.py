@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.cases import FWD, FWD_BWD, LLM_BARS, _groups
+from bench.cases import FWD, FWD_BWD, LLM_BARS, SETTLE_AGREEMENT, _groups
 
 # ------------------------------------------------------------------------------------ output
 
@@ -302,10 +302,17 @@ def _llm_instrument(rows, report) -> str:
     """How the LLM rows were timed (bench/alternate.py) and the SM clock range they saw."""
     settings = report.get("settings", {})
     rounds, settle = settings.get("alternate_rounds"), settings.get("alternate_settle_ms")
+    most = settings.get("alternate_settle_max_ms") or settle  # a run from before: a fixed settle
     text = "LLM rows: the median of all runs"
     if rounds:
         text += f" over {rounds} alternating batches (fixed, SDPA, its backends in balanced orders"
-        text += f"; each batch after {settle:g} ms of its own calls untimed)" if settle else ")"
+        if settle and most and most > settle:
+            text += (
+                f"; each batch after its own calls untimed, in {settle:g} ms chunks until two "
+                f"agree within {SETTLE_AGREEMENT:.0%}, at most {most:g} ms)"
+            )
+        else:
+            text += f"; each batch after {settle:g} ms of its own calls untimed)" if settle else ")"
     # Each batch's reading where the run kept them (batch_sm_clock_mhz), else each row's median
     # (a run from before them: its table as it printed then).
     per_batch = [mhz for r in rows for mhz in r.get("batch_sm_clock_mhz") or [] if mhz]

@@ -144,19 +144,34 @@ def test_time_limit_skips_rows_with_the_reason(tmp_path, capsys):
 
 
 def test_settle_sets_the_untimed_lead_of_each_batch_and_refuses_bad_values(capsys):
-    """--settle MS: the untimed calls before each alternating batch (GPU power states take about
-    100 ms to settle, perf/NOTES.md v59); a bad value is one line and exit 2."""
+    """--settle MS, --settle-max MS: each alternating batch's untimed calls come in chunks of
+    --settle until two agree, for at most --settle-max (GPU power states take about 100 ms to
+    settle, perf/NOTES.md v59); --quick, or a --settle above the default longest, is a fixed
+    settle; a bad value is one line and exit 2."""
     parse = cli.build_parser().parse_args
-    settings = cases.make_settings(parse(["--settle", "250"]), torch.device("cpu"))
-    assert settings.alternate_settle_ms == 250.0
-    assert cases.make_settings(parse([]), torch.device("cpu")).alternate_settle_ms == 30.0
+    cpu = torch.device("cpu")
+    settings = cases.make_settings(parse([]), cpu)
+    assert (settings.alternate_settle_ms, settings.alternate_settle_max_ms) == (30.0, 250.0)
+    assert settings.time_limit_s == 600.0  # a full run's settling fits
+    settings = cases.make_settings(parse(["--settle", "50", "--settle-max", "100"]), cpu)
+    assert (settings.alternate_settle_ms, settings.alternate_settle_max_ms) == (50.0, 100.0)
+    settings = cases.make_settings(parse(["--settle", "300"]), cpu)
+    assert (settings.alternate_settle_ms, settings.alternate_settle_max_ms) == (300.0, 300.0)
+    settings = cases.make_settings(parse(["--quick"]), cpu)
+    assert settings.alternate_settle_max_ms == settings.alternate_settle_ms == 30.0
     assert alternate.settle_calls(250.0, 0.5) == 500
-    for bad in ("-1", "x", "inf", "nan"):
-        with pytest.raises(SystemExit) as exit_:
-            parse(["--settle", bad])
-        assert exit_.value.code == 2
-        error = capsys.readouterr().err
-        assert error.count("\n") == 1 and "--settle" in error and "Traceback" not in error, error
+    for flag in ("--settle", "--settle-max"):
+        for bad in ("-1", "x", "inf", "nan"):
+            with pytest.raises(SystemExit) as exit_:
+                parse([flag, bad])
+            assert exit_.value.code == 2
+            error = capsys.readouterr().err
+            assert error.count("\n") == 1 and flag in error and "Traceback" not in error, error
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--settle", "50", "--settle-max", "40", "--only", "kata"])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--settle-max 40 is below --settle 50" in error, error
 
 
 # The GPU-only rows' logic, on the CPU: tiny bfloat16 shapes, SDPA's CPU flash kernel standing in
@@ -290,7 +305,12 @@ def test_williams_orders_give_every_implementation_every_predecessor_alike(n):
 
 def test_alternate_settles_each_gpu_batch_untimed_on_its_own_calls():
     settings = types.SimpleNamespace(
-        budget_s=1.0, min_runs=4, max_runs=4, cuda=True, alternate_settle_ms=30.0
+        budget_s=1.0,
+        min_runs=4,
+        max_runs=4,
+        cuda=True,
+        alternate_settle_ms=30.0,
+        alternate_settle_max_ms=30.0,  # a fixed settle: one chunk
     )
     batches = []
 
@@ -313,6 +333,41 @@ def test_alternate_settles_each_gpu_batch_untimed_on_its_own_calls():
     for entry in entries:
         assert entry.row["runs"] == 4 and entry.row["median_ms"] == 1.0, entry.row
         assert entry.row["batch_medians_ms"] == [1.0, 1.0], entry.row
+    # Each batch's settling: its untimed calls' milliseconds.
+    assert entries[0].row["batch_settle_ms"] == [300.0, 300.0], entries[0].row
+    assert entries[1].row["batch_settle_ms"] == [100.0, 100.0], entries[1].row
+
+
+def test_settling_runs_until_two_chunks_agree_or_its_longest():
+    """After a heavy row the GPU runs slow for about 100 ms (perf/NOTES.md v59): the untimed
+    chunks go on until two agree within cases.SETTLE_AGREEMENT, and stop at --settle-max."""
+    recovering = iter([1.30, 1.30, 1.10, 1.10, 1.02, 1.02, 1.015, 1.015] + [1.0] * 20)
+    entry = alternate.Entry({}, lambda i: i, n_sets=3, next_set=0, estimate_ms=1.0)
+    ran = []
+
+    def timer(call, indices, cuda):
+        ran.append([call(i) for i in indices])
+        return [next(recovering) for _ in indices]
+
+    spent = alternate.settle(entry, chunk_calls=2, max_calls=40, time_each=timer)
+    # 1.30 -> 1.10 -> 1.02 (7% and 18% apart), then 1.015 within 1% of 1.02: four chunks.
+    assert [len(chunk) for chunk in ran] == [2, 2, 2, 2], ran
+    assert entry.next_set == 8 and ran[1] == [2, 0], ran  # the input sets run on
+    assert spent == pytest.approx(2 * (1.30 + 1.10 + 1.02 + 1.015))
+    # Never steady: stops at max_calls, the last chunk cut to fit.
+    chunks = []
+    swinging = iter([1.0, 1.0, 2.0, 2.0] * 10)
+
+    def swing(call, indices, cuda):
+        chunks.append(len(indices))
+        return [next(swinging) for _ in indices]
+
+    alternate.settle(entry, 2, 5, swing)
+    assert chunks == [2, 2, 1], chunks
+    # A fixed settle (max_calls == chunk_calls): one chunk, whatever it reads.
+    chunks.clear()
+    alternate.settle(entry, 3, 3, swing)
+    assert chunks == [3], chunks
 
 
 def test_alternate_marks_a_failing_row_and_times_the_others():
