@@ -81,13 +81,17 @@ __device__ __forceinline__ void fwd_trace_take(bool record, uint32_t round, int 
       "l"(entry), "l"(fwd_trace_now()), "r"(part), "r"(blocks)
       : "memory");
 }
+// One 8-byte word at `at` where `record` holds, by a predicated store.
+__device__ __forceinline__ void fwd_trace_store(bool record, void* at, unsigned long long value) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.global.u64 [%1], %2;\n}\n" ::"r"(
+                   static_cast<unsigned>(record)),
+               "l"(at), "l"(value)
+               : "memory");
+}
 // Marks 1, 2, 3: the entry's q_ready, first_s and last_pv.
 __device__ __forceinline__ void fwd_trace_mark(bool record, uint32_t round, int mark) {
   FwdTraceEntry* entry = fwd_trace_entry(record, round);
-  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.global.u64 [%1], %2;\n}\n" ::"r"(
-                   static_cast<unsigned>(record)),
-               "l"(&entry->time + mark), "l"(fwd_trace_now())
-               : "memory");
+  fwd_trace_store(record, &entry->time + mark, fwd_trace_now());
 }
 
 __device__ __forceinline__ long long fwd_trace_clock() {
@@ -96,13 +100,7 @@ __device__ __forceinline__ long long fwd_trace_clock() {
   return now;
 }
 // Each consumer warpgroup's own marks and the loop's waits (consumers 0 and 1; a third's are not
-// kept), stored as fwd_trace_mark stores.
-__device__ __forceinline__ void fwd_trace_store(bool record, long long* at, long long value) {
-  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.global.u64 [%1], %2;\n}\n" ::"r"(
-                   static_cast<unsigned>(record)),
-               "l"(at), "l"(value)
-               : "memory");
-}
+// kept).
 __device__ __forceinline__ void fwd_trace_cycle(bool record, uint32_t round, int consumer,
                                                 int mark) {
   record = record && consumer < 2;
