@@ -321,6 +321,7 @@ CUDA_HEADERS = tuple(
         "flash_forward_sm90_ws_schedule.cuh",
         "flash_forward_sm90_ws_args.cuh",
         "flash_forward_sm90_ws_epilogue.cuh",
+        "flash_forward_sm90_ws_producer.cuh",
         "flash_forward_sm90_ws_cta.cuh",
         "flash_forward_sm90_ws.cuh",
         "flash_forward_sm90.cuh",

@@ -1,8 +1,8 @@
 // The CTA of the warp-specialized Hopper forward (flash_forward_sm90_ws.cuh): its pipeline, the
-// producer and the consumers (sm_90a); its tilings are flash_forward_sm90_ws_tile.cuh's. The
-// arithmetic is flash_forward_sm90.cuh's, operation for operation (same online softmax on raw
-// scores, same masks, same dropout bits); with key blocks of 64 the outputs are the same bits
-// (perf/fwd_sm90_check.cu checks it).
+// producer (flash_forward_sm90_ws_producer.cuh) and the consumers (sm_90a); its tilings are
+// flash_forward_sm90_ws_tile.cuh's. The arithmetic is flash_forward_sm90.cuh's, operation for
+// operation (same online softmax on raw scores, same masks, same dropout bits); with key blocks
+// of 64 the outputs are the same bits (perf/fwd_sm90_check.cu checks it).
 //
 // ---------------------------------------------------------------------------------- roles
 // One CTA per SM, persistent: in round r CTA c takes work item r G + c (G CTAs; odd rounds
@@ -60,6 +60,7 @@
 #include "flash_common.cuh"       // exp2_approx, pack2, smem_addr, ...
 #include "flash_forward_sm90_ws_args.cuh"  // the mask's tiles, dropout's bits
 #include "flash_forward_sm90_ws_epilogue.cuh"  // an item's O and lse out
+#include "flash_forward_sm90_ws_producer.cuh"  // the producer, next_visible
 #include "flash_forward_sm90_ws_schedule.cuh"  // items, rounds, the last round's split
 #include "flash_forward_sm90_ws_tile.cuh"  // Tile, Barriers
 #include "sm90_pipeline.cuh"      // mbarriers, TMA, setmaxnreg, named barriers
@@ -69,20 +70,6 @@ namespace fixed_attention {
 namespace kernels {
 namespace flash {
 namespace sm90_ws {
-
-// The next key block of item w after `block` that the mask does not hide entirely (w.n_blocks:
-// none left); without a map of hidden tiles (`skips` false), block + 1. Producer and consumers
-// walk the same blocks.
-template <class F>
-__device__ __forceinline__ int next_visible(const AttentionProblem& p, const WorkItem& w,
-                                            int block, bool skips) {
-  do {
-    ++block;
-  } while (skips && block < w.n_blocks &&
-           hidden_block(p, w.b, w.m0, F::kBlockM, static_cast<int64_t>(block) * F::kBlockN,
-                        F::kBlockN));
-  return block;
-}
 
 // The scores of key block `block` (in s: raw, or scaled and masked where there is a mask) to
 // probabilities: the online softmax step of both Hopper forwards (flash_forward_sm90.cuh's
@@ -153,71 +140,6 @@ __device__ __forceinline__ bool softmax_step(float (&s)[F::kNTiles * 4], Rows& r
 }
 
 #if FIXED_HAS_TENSOR_MAPS
-// The producer: one thread issues every load. Q once per item; per key block that the mask
-// leaves visible K, its mask tile (kArgs, with a mask) and V.
-template <class F, int kArgs>
-__device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensorMap* k_map,
-                                        const CUtensorMap* v_map, const CUtensorMap* mask_map,
-                                        const Barriers<F> bar, uint32_t q_tile, uint32_t k_tiles,
-                                        uint32_t v_tiles, uint32_t mask_tiles,
-                                        const AttentionProblem& p, bool longest_first,
-                                        const SplitTail split) {
-  constexpr int kHalves = F::kHeadDim / 64, kValueHalves = F::kValueDim / 64;
-  const int64_t row_blocks = ceil_div(p.len_q, F::kBlockM);
-  const bool has_mask = kArgs != kNoArgs && p.mask != nullptr;
-  const bool skips = kArgs != kNoArgs && skips_hidden_blocks(p);
-  const bool skips_zero = has_mask && skips_zero_blocks(p);
-  uint32_t mask_pipe = 0;  // mask tiles loaded so far: the mask ring's position
-  uint32_t pipe = 0;  // key blocks loaded so far, over all items: the ring's position
-  for (uint32_t round = 0;; ++round) {
-    WorkItem w;
-    int part = -1;  // the part's unit in the last round's split, -1 for a whole item
-    if (!schedule<F>(p, round, row_blocks, longest_first, split, w, part)) {
-      break;
-    }
-    const int kv_item = static_cast<int>(w.b / p.kv_group);  // under GQA, its group's K and V
-    mbarrier_wait(bar.q_empty(), (round & 1) ^ 1);  // every consumer warp done with Q
-    mbarrier_arrive_expect_tx(bar.q_full(), F::kQBytes);
-#pragma unroll
-    for (int half = 0; half < kHalves; ++half) {
-      tma_load_3d(q_tile + half * F::kBlockM * F::kRowBytes, q_map, 64 * half,
-                  static_cast<int>(w.m0), static_cast<int>(w.b), bar.q_full());
-    }
-    for (int block = next_visible<F>(p, w, w.first - 1, skips); block < w.n_blocks;
-         block = next_visible<F>(p, w, block, skips), ++pipe) {
-      const uint32_t stage = pipe % F::kStages;
-      const uint32_t parity = (pipe / F::kStages) & 1;
-      const int key0 = block * F::kBlockN;
-      mbarrier_wait(bar.k_empty(stage), parity ^ 1);
-      mbarrier_arrive_expect_tx(bar.k_full(stage), F::kKBytes);
-#pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-        tma_load_3d(k_tiles + stage * F::kKBytes + half * F::kBlockN * F::kRowBytes, k_map,
-                    64 * half, key0,
-                    kv_item, bar.k_full(stage));
-      }
-      if constexpr (kArgs != kNoArgs && F::kMaskStages > 0) {
-        if (has_mask && !(skips_zero && zero_block(p, w.b, w.m0, F::kBlockM, key0, F::kBlockN))) {
-          const uint32_t mask_stage = mask_pipe % F::kMaskStages;
-          mbarrier_wait(bar.mask_empty(mask_stage), ((mask_pipe / F::kMaskStages) & 1) ^ 1);
-          mbarrier_arrive_expect_tx(bar.mask_full(mask_stage), mask_block_bytes<F>(p));
-          load_mask_block<F>(mask_map, mask_tiles + mask_stage * F::kMaskBytes, p, w.b, w.m0,
-                             key0, bar.mask_full(mask_stage));
-          ++mask_pipe;
-        }
-      }
-      mbarrier_wait(bar.v_empty(stage), parity ^ 1);
-      mbarrier_arrive_expect_tx(bar.v_full(stage), F::kVBytes);
-#pragma unroll
-      for (int half = 0; half < kValueHalves; ++half) {
-        tma_load_3d(v_tiles + stage * F::kVBytes + half * F::kBlockN * F::kRowBytes, v_map,
-                    64 * half, key0,
-                    kv_item, bar.v_full(stage));
-      }
-    }
-  }
-}
-
 // S = Q K^T for one key block: k-step ks covers head dims 16 ks .. 16 ks + 15, half ks / 4 of
 // each tile, 32 bytes into each 128-byte row.
 template <typename T, class F>
