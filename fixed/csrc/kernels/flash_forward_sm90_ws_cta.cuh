@@ -8,7 +8,8 @@
 // One CTA per SM, persistent: in round r CTA c takes work item r G + c (G CTAs; odd rounds
 // reversed; a last round at most half full split along the keys: flash_forward_sm90_ws_
 // schedule.cuh), an item being kBlockM (128 or 192) query rows of one batch item,
-// numbered in flash_forward_sm90.cuh's order. A producer warpgroup and kConsumers (2 or 3)
+// numbered in flash_forward_sm90.cuh's order (under causality the blocks end at L, and the first
+// may start before row 0: work_item). A producer warpgroup and kConsumers (2 or 3)
 // consumer warpgroups (384 or 512 threads):
 //   producer (warpgroup 0, one thread): TMA loads of Q (once per item) and of K, V and the
 //     mask's tile (per key block; blocks the mask hides entirely are skipped) into shared memory,

@@ -48,7 +48,7 @@ __device__ __forceinline__ float finish_row(int h, float* __restrict__ lse, cons
   sum += __shfl_xor_sync(kFullMask, sum, 1);
   sum += __shfl_xor_sync(kFullMask, sum, 2);
   const int64_t row = w.m0 + r.warp_row0 + r.g + 8 * h;
-  if (row < p.len_q && r.t == 0) {
+  if (row >= 0 && row < p.len_q && r.t == 0) {  // rows before 0: work_item
     lse[w.b * p.len_q + row] = sum > 0.f ? r.row_max[h] * unit * kLn2 + logf(sum) : -INFINITY;
   }
   return sum > 0.f ? 1.f / sum : 0.f;
@@ -66,7 +66,7 @@ __device__ __forceinline__ void store_rows(T* __restrict__ out, float* __restric
   for (int h = 0; h < 2; ++h) {
     const float inv_sum = finish_row(h, lse, r, w, p, unit);
     const int64_t row = w.m0 + r.warp_row0 + r.g + 8 * h;
-    if (row < p.len_q) {
+    if (row >= 0 && row < p.len_q) {
       T* const out_row = out + (w.b * p.len_q + row) * value_dim(p);
 #pragma unroll
       for (int j = 0; j < F::kDTiles; ++j) {
@@ -84,7 +84,7 @@ __device__ __forceinline__ void store_rows(T* __restrict__ out, float* __restric
 // bytes, 2 KB each, with the 128-byte swizzle of o_map's boxes), then, from lane 0, one TMA store
 // per box as a bulk group. The caller makes sure no product still reads `buffer`, and releases it
 // once bulk_wait_group_read_all returns in lane 0. TMA writes no row past L and no column past
-// Ev.
+// Ev; a warp whose rows are all before row 0 stores nothing.
 template <typename T, class F>
 __device__ __forceinline__ void stage_rows(const CUtensorMap* o_map, uint32_t buffer,
                                            float* __restrict__ lse,
@@ -109,7 +109,9 @@ __device__ __forceinline__ void stage_rows(const CUtensorMap* o_map, uint32_t bu
   }
   fence_proxy_async_shared();  // the warp's writes, to the TMA unit
   __syncwarp();
-  if (lane == 0) {
+  // A warp's 16 rows lie all before row 0 or none (work_item's blocks start at multiples of 64):
+  // no store for the first (a box at a negative row stopped the kernel: illegal instruction).
+  if (lane == 0 && w.m0 + r.warp_row0 >= 0) {
 #pragma unroll
     for (int box = 0; box < kBoxes; ++box) {
       tma_store_3d(o_map, buffer + box * kBoxBytes, 64 * box,

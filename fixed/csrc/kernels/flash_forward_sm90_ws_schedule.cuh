@@ -85,9 +85,16 @@ __device__ __forceinline__ int64_t scheduled_item(uint32_t round) {
   return first + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
 }
 
-// Work item `item`: its batch item, first query row and key blocks [first, n_blocks), as
-// flash_forward_sm90.cuh orders them (longest_first: causal items longest first across the
-// batch); a part of a split item takes a range of them.
+// Work item `item`: its batch item, first query row and key blocks [first, n_blocks), in
+// flash_forward_sm90.cuh's order (longest_first: causal items longest first across the batch);
+// a part of a split item takes a range of them. Under causality the row blocks end at L, not
+// start at row 0: where L leaves 64 or more rows of the last block empty, the first block
+// starts that many rows (whole 64s) before row 0 instead. A consumer warpgroup with no row in
+// [0, L) still computes, and under causality rows past L would see every key: at D = 64
+// (192-row items), S = 4096, two of the three warpgroups of each longest item did, 6% of the
+// products (perf/NOTES.md, v61). Rows before 0 see no key (they stay -inf and are not written);
+// each row's arithmetic is unchanged. Not with a mask, whose map of hidden tiles starts at row 0
+// (the checks never pass a mask with causality).
 struct WorkItem {
   int64_t b, m0;
   int n_blocks;
@@ -98,7 +105,9 @@ __device__ __forceinline__ WorkItem work_item(const AttentionProblem& p, int64_t
                                               int64_t row_blocks, bool longest_first) {
   const int64_t b = longest_first ? item % p.batch : item / row_blocks;
   const int64_t rank = longest_first ? item / p.batch : item % row_blocks;  // 0: the longest
-  const int64_t m0 = (row_blocks - 1 - rank) * F::kBlockM;
+  const int64_t first_row =
+      p.causal && p.mask == nullptr ? -((row_blocks * F::kBlockM - p.len_q) / 64 * 64) : 0;
+  const int64_t m0 = first_row + (row_blocks - 1 - rank) * F::kBlockM;
   const int64_t key_end =
       p.causal ? min64(p.len_kv, min64(m0 + F::kBlockM, p.len_q)) : p.len_kv;
   return {b, m0, static_cast<int>(ceil_div(key_end, F::kBlockN))};
