@@ -372,6 +372,7 @@ SANITIZER_SCRIPT = textwrap.dedent(
     # Several key blocks (both shared-memory buffers in use), tails in L and S, causal and not.
     for dtype, head_dim, len_q, len_kv, causal in (
         (torch.bfloat16, 128, 200, 333, True),
+        (torch.bfloat16, 128, 190, 333, True),  # causal row blocks from row -64 (work_item)
         (torch.float16, 128, 131, 70, False),
         (torch.bfloat16, 96, 200, 600, False),  # 176-key blocks: both stages, twice, and a tail
         (torch.bfloat16, 64, 130, 300, False),
