@@ -289,8 +289,10 @@ using Tile128Args = Tile<128, 128, 2, true, 1>;
 // causality in key blocks of 176 as Tile128Wide (two stages, 168 KB; v47).
 using Tile128Ev64 = Tile<128, 128, 3, true, 0, 2, float, 64>;
 using Tile128Ev64Wide = Tile<128, 176, 2, true, 0, 2, float, 64>;
-// 64 < E <= 128 without causality, a mask or dropout: key blocks of 176 (FlashAttention-3's),
-// two stages (214 KB): fewer softmax steps and barrier rounds per key (perf/NOTES.md, v35).
+// 64 < E <= 128 without a mask or dropout, and without causality or with S >= 8192: key blocks
+// of 176 (FlashAttention-3's), two stages (214 KB): fewer softmax steps and barrier rounds per
+// key (perf/NOTES.md, v35; causal, kernels alone, 1.03x at S = 8192, 1.04-1.05x at 16384 and
+// 0.96x at 2048 against Tile128: v61).
 using Tile128Wide = Tile<128, 176, 2, true>;
 // D = 256 (O is 128 of a consumer's 240 registers): key blocks of 80 (FlashAttention-3's; 64
 // with a mask), two K and V stages (225 KB; with a mask stage 225 KB), ping-pong (v35).
