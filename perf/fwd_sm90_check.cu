@@ -353,6 +353,8 @@ int main(int argc, char** argv) {
         failures += check_case<__nv_bfloat16>(D, causal, kCheckShapes[2], seed++, 4) ? 0 : 1;
         // 320 work items: more than one per SM, so that persistent CTAs take several each.
         failures += check_case<__nv_bfloat16>(D, causal, {640, 640, 1.0}, seed++, 1, 64) ? 0 : 1;
+        // Past 8192 keys, where the operator's tilings at D = 128 change (with_ws_tiles).
+        failures += check_case<__nv_bfloat16>(D, causal, {300, 8200, 1.0}, seed++, 1, 2) ? 0 : 1;
         // A mask (a dead row, tails), with dropout and GQA, dropout alone with a negative scale.
         failures += check_case<__nv_bfloat16>(D, causal, kCheckShapes[2], seed++, 1, 3, true)
                         ? 0 : 1;
@@ -361,7 +363,7 @@ int main(int argc, char** argv) {
         failures += check_case<__nv_bfloat16>(D, causal, kCheckShapes[4], seed++, 1, 3, false,
                                               0.1f)
                         ? 0 : 1;
-        cases += 5;
+        cases += 6;
       }
     }
     std::printf("%d of %d cases passed\n", cases - failures, cases);

@@ -12,8 +12,9 @@
 // Per shape (L = S, bf16, Q K V from sm90_check_common.cuh's fill_kernel): each tiling's median
 // over 30 launches after 3 of warm-up, its TFLOP/s (4 B H L S D, half where causal), and the
 // largest difference of its output from the first tiling's (0: the same bits). The first is the
-// operator's tiling. Kernel time alone: the operator's own A/B, with its allocations and launch
-// path, is perf/ab.py. Exit status 1 if a launcher declines or an output is not finite, 2 after
+// operator's tiling, but at D = 128 from S = 8192 on, where the operator takes Tile128Wide under
+// causality and Tile128Three without (flash_forward_sm90.cuh's with_ws_tiles). Kernel time
+// alone: the operator's own A/B, with its allocations and launch path, is perf/ab.py. Exit status 1 if a launcher declines or an output is not finite, 2 after
 // a usage or CUDA error (one line each).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -36,7 +37,6 @@ namespace {
 
 // The candidates beside the operator's tilings (flash_forward_sm90_ws.cuh names those).
 using Tile64FreeRunning = ws::Tile<64, 128, 3, false, 0, 3>;  // v54's: three without turns
-using Tile128Three80 = ws::Tile<128, 80, 3, true, 0, 3>;      // three in rotation, 80 keys
 
 constexpr int kWarmup = 3, kTimed = 30;
 
@@ -178,11 +178,12 @@ int main(int argc, char** argv) {
                        Candidate<Tile64FreeRunning>{"three free-running"});
     } else if (causal != 0) {
       status = compare(batch, seq, true, Candidate<ws::Tile128>{"Tile128"},
-                       Candidate<Tile128Three80>{"three x 80 keys"});
+                       Candidate<ws::Tile128Wide>{"Tile128Wide"},
+                       Candidate<ws::Tile128Three>{"Tile128Three"});
     } else {
       status = compare(batch, seq, false, Candidate<ws::Tile128Wide>{"Tile128Wide"},
                        Candidate<ws::Tile128>{"Tile128"},
-                       Candidate<Tile128Three80>{"three x 80 keys"});
+                       Candidate<ws::Tile128Three>{"Tile128Three"});
     }
     if (status != 0) {
       return status;

@@ -119,6 +119,18 @@ def test_forward_matches_reference(fixed, seed, dtype, head_dim, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=dtype_id)
+def test_forward_past_8192_keys_matches_reference(fixed, seed, dtype, causal):
+    """The Hopper forward's tilings at head dim 128 from S = 8192 on (with_ws_tiles in
+    flash_forward_sm90.cuh): 192-row items without causality, 176-key blocks with it."""
+    generator = torch.Generator().manual_seed(seed)
+    for lead, len_q, len_kv in (((), 8200, 8200), ((2,), 300, 8193)):
+        q, k, v = make_inputs(lead, len_q, len_kv, 128, dtype, generator)
+        where = f"{dtype_id(dtype)} q{list(q.shape)} causal={causal}; {replay(seed)}"
+        check_against_reference(q, k, v, 1.0 / math.sqrt(128), causal, where)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda e: f"e{e}")
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=dtype_id)
 def test_forward_matches_the_float32_kernel(fixed, seed, dtype, head_dim, causal):
@@ -348,11 +360,11 @@ def test_hopper_images_hold_the_wgmma_forward(fixed):
     # ScoreArgs); the warp-specialized one with its TMA loads, its two sets with a mask once
     # more with the mask in the inputs' dtype (the tiling's MaskEntry), and per dtype the tiles
     # under head dim 128 without arguments with V at 64 columns (Tile128Ev64, and in 176-key
-    # blocks Tile128Ev64Wide) and with 176-key blocks (Tile128Wide), and at head dim 64 the
-    # 192-row tile with O staged (Tile64Staged).
+    # blocks Tile128Ev64Wide), with 176-key blocks (Tile128Wide) and in 192-row items
+    # (Tile128Three), and at head dim 64 the 192-row tile with O staged (Tile64Staged).
     for kernel, count, instructions in (
         (SM90_ARGS_KERNEL, 18, ("HGMMA",)),
-        (SM90_KERNEL, 38, ("HGMMA", "UTMALDG", "SYNCS")),
+        (SM90_KERNEL, 40, ("HGMMA", "UTMALDG", "SYNCS")),
     ):
         functions = [part for part in parts if kernel in part[:300]]
         assert len(functions) == count, f"expected {kernel} x {count}: {len(functions)}"
@@ -375,6 +387,8 @@ SANITIZER_SCRIPT = textwrap.dedent(
         (torch.bfloat16, 128, 190, 333, True),  # causal row blocks from row -64 (work_item)
         (torch.float16, 128, 131, 70, False),
         (torch.bfloat16, 96, 200, 600, False),  # 176-key blocks: both stages, twice, and a tail
+        (torch.bfloat16, 128, 200, 8200, False),  # S >= 8192: 192-row items, 80-key blocks
+        (torch.float16, 128, 200, 8200, True),  # and causal in 176-key blocks
         (torch.bfloat16, 64, 130, 300, False),
         (torch.float16, 64, 300, 129, True),
         (torch.float32, 64, 200, 333, True),

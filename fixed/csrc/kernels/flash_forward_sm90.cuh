@@ -435,6 +435,8 @@ auto with_ws_tiles(const AttentionProblem& p, const Visit& visit) {
              ? visit(TileChoice<ws::Tile128Ev64Wide, ws::Tile128Args>{})
          : widest <= 128 && value_dim(p) <= 64
              ? visit(TileChoice<ws::Tile128Ev64, ws::Tile128Args>{})
+         : widest <= 128 && !p.causal && p.len_kv >= 8192
+             ? visit(TileChoice<ws::Tile128Three, ws::Tile128Args>{})
          : widest <= 128 && (!p.causal || p.len_kv >= 8192)
              ? visit(TileChoice<ws::Tile128Wide, ws::Tile128Args>{})
          : widest <= 128 ? visit(TileChoice<ws::Tile128, ws::Tile128Args>{})

@@ -266,7 +266,7 @@ SplitWorkspace split_workspace(const AttentionProblem&) {
 // and cost at D = 64 (0.92x), where the products are short beside the softmax; a third stage of
 // K and V paid at D = 128 (1.04x; 225 KB of shared memory); at D = 64 three consumer
 // warpgroups (192-row items) paid 1.10-1.15x, and then a third stage 1.00-1.02x (120 KB); at
-// D = 128 three consumers (key blocks of 64, to fit their 160 registers) did not pay. With a
+// D = 128 three consumers paid only from S = 8192 on (Tile128Three, below). With a
 // mask or dropout (v21): two consumers (three spilled 224-352 bytes), 64 KB per mask stage, two
 // at D = 64 (209 KB in all); at D = 128 one, and two K and V stages. The three consumers at D =
 // 64 take turns in rotation (v55: 1.02-1.04x over the same tile without turns; 1.05-1.07x without
@@ -294,6 +294,12 @@ using Tile128Ev64Wide = Tile<128, 176, 2, true, 0, 2, float, 64>;
 // key (perf/NOTES.md, v35; causal, kernels alone, 1.03x at S = 8192, 1.04-1.05x at 16384 and
 // 0.96x at 2048 against Tile128: v61).
 using Tile128Wide = Tile<128, 176, 2, true>;
+// 64 < E <= 128 without causality, a mask or dropout, and with S >= 8192: three consumers
+// (192-row items) in rotation, key blocks of 80 (to fit their 160 registers), three stages
+// (169 KB), O stored from registers (a K or V stage holds one consumer's 16 KB, not three).
+// Kernels alone, over Tile128Wide: 1.02x at (B x H, S) = (64, 8192), 1.03x at (16, 16384),
+// 1.01x at (16, 8192); 0.94x at 2048 and 0.98-1.00x at 3072 and 4096 (perf/NOTES.md, v55, v62).
+using Tile128Three = Tile<128, 80, 3, true, 0, 3>;
 // D = 256 (O is 128 of a consumer's 240 registers): key blocks of 80 (FlashAttention-3's; 64
 // with a mask), two K and V stages (225 KB; with a mask stage 225 KB), ping-pong (v35).
 using Tile256 = Tile<256, 80, 2, true>;
