@@ -289,16 +289,17 @@ using Tile128Args = Tile<128, 128, 2, true, 1>;
 // causality in key blocks of 176 as Tile128Wide (two stages, 168 KB; v47).
 using Tile128Ev64 = Tile<128, 128, 3, true, 0, 2, float, 64>;
 using Tile128Ev64Wide = Tile<128, 176, 2, true, 0, 2, float, 64>;
-// 64 < E <= 128 without a mask or dropout, and without causality or with S >= 8192: key blocks
-// of 176 (FlashAttention-3's), two stages (214 KB): fewer softmax steps and barrier rounds per
-// key (perf/NOTES.md, v35; causal, kernels alone, 1.03x at S = 8192, 1.04-1.05x at 16384 and
-// 0.96x at 2048 against Tile128: v61).
+// 64 < E <= 128 without a mask or dropout, without causality below S = 8192 and with it from
+// 8192 on: key blocks of 176 (FlashAttention-3's), two stages (214 KB): fewer softmax steps and
+// barrier rounds per key (perf/NOTES.md, v35; causal, kernels alone, 1.02-1.03x at S = 8192,
+// 1.04-1.06x at 16384, 1.00x at 4096 and 0.96x at 2048 against Tile128: v61, v62).
 using Tile128Wide = Tile<128, 176, 2, true>;
 // 64 < E <= 128 without causality, a mask or dropout, and with S >= 8192: three consumers
 // (192-row items) in rotation, key blocks of 80 (to fit their 160 registers), three stages
 // (169 KB), O stored from registers (a K or V stage holds one consumer's 16 KB, not three).
-// Kernels alone, over Tile128Wide: 1.02x at (B x H, S) = (64, 8192), 1.03x at (16, 16384),
-// 1.01x at (16, 8192); 0.94x at 2048 and 0.98-1.00x at 3072 and 4096 (perf/NOTES.md, v55, v62).
+// Kernels alone, over Tile128Wide: 1.02x at (B x H, S) = (64, 8192) and (64, 16384), 1.03x at
+// (16, 16384), 1.01x at (16, 8192); 0.94x at 2048, 0.99x at 3072, 0.96-0.98x at 4096 (perf/
+// NOTES.md, v55, v62).
 using Tile128Three = Tile<128, 80, 3, true, 0, 3>;
 // D = 256 (O is 128 of a consumer's 240 registers): key blocks of 80 (FlashAttention-3's; 64
 // with a mask), two K and V stages (225 KB; with a mask stage 225 KB), ping-pong (v35).
