@@ -14,8 +14,9 @@
 // largest difference of its output from the first tiling's (0: the same bits). The first is the
 // operator's tiling, but at D = 128 from S = 8192 on, where the operator takes Tile128Wide under
 // causality and Tile128Three without (flash_forward_sm90.cuh's with_ws_tiles). Kernel time
-// alone: the operator's own A/B, with its allocations and launch path, is perf/ab.py. Exit status 1 if a launcher declines or an output is not finite, 2 after
-// a usage or CUDA error (one line each).
+// alone: the operator's own A/B, with its allocations and launch path, is perf/ab.py. Exit
+// status 1 if a launcher declines or an output is not finite, 2 after a usage or CUDA error (one
+// line each).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
