@@ -429,15 +429,16 @@ auto with_ws_tiles(const AttentionProblem& p, const Visit& visit) {
   namespace ws = sm90_ws;
   const int64_t widest = p.head_dim > value_dim(p) ? p.head_dim : value_dim(p);
   const bool d64_staged = ws::d64_stages_o(p.causal, p.len_kv);
+  const bool d128_long = ws::d128_long_keys(p.len_kv);
   return widest <= 64 && d64_staged ? visit(TileChoice<ws::Tile64Staged, ws::Tile64Args>{})
          : widest <= 64             ? visit(TileChoice<ws::Tile64, ws::Tile64Args>{})
          : widest <= 128 && value_dim(p) <= 64 && !p.causal
              ? visit(TileChoice<ws::Tile128Ev64Wide, ws::Tile128Args>{})
          : widest <= 128 && value_dim(p) <= 64
              ? visit(TileChoice<ws::Tile128Ev64, ws::Tile128Args>{})
-         : widest <= 128 && !p.causal && p.len_kv >= 8192
+         : widest <= 128 && !p.causal && d128_long
              ? visit(TileChoice<ws::Tile128Three, ws::Tile128Args>{})
-         : widest <= 128 && (!p.causal || p.len_kv >= 8192)
+         : widest <= 128 && (!p.causal || d128_long)
              ? visit(TileChoice<ws::Tile128Wide, ws::Tile128Args>{})
          : widest <= 128 ? visit(TileChoice<ws::Tile128, ws::Tile128Args>{})
                          : visit(TileChoice<ws::Tile256, ws::Tile256Args>{});

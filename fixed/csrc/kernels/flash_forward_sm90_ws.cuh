@@ -301,6 +301,9 @@ using Tile128Wide = Tile<128, 176, 2, true>;
 // (16, 16384), 1.01x at (16, 8192); 0.94x at 2048, 0.99x at 3072, 0.96-0.98x at 4096 (perf/
 // NOTES.md, v55, v62).
 using Tile128Three = Tile<128, 80, 3, true, 0, 3>;
+constexpr bool d128_long_keys(int64_t len_kv) {  // Tile128Three, or causal Tile128Wide
+  return len_kv >= 8192;
+}
 // D = 256 (O is 128 of a consumer's 240 registers): key blocks of 80 (FlashAttention-3's; 64
 // with a mask), two K and V stages (225 KB; with a mask stage 225 KB), ping-pong (v35).
 using Tile256 = Tile<256, 80, 2, true>;
