@@ -32,9 +32,9 @@ where each follows every other one equally often, each batch after untimed calls
 GPU, in chunks of `--settle` ms, 30 by default, until two chunks' medians agree within 1%, for at
 most `--settle-max` ms, 250 by default: what the previous batch left behind, its clock or heat, is
 not timed; an H200's clock took about 100 ms to recover after a heavy row, perf/NOTES.md v59);
-their rows keep each batch's median, the SM clock NVML read after it and its untimed
-milliseconds (batch_medians_ms, batch_sm_clock_mhz, batch_settle_ms; sm_clock_mhz, the clocks'
-median).
+their rows keep each batch's median, the SM clock NVML read after it, what NVML said limited that
+clock (the power cap, heat) and its untimed milliseconds (batch_medians_ms, batch_sm_clock_mhz,
+batch_clock_limits, batch_settle_ms; sm_clock_mhz, the clocks' median).
 
 FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·L·S·D, halved when causal; the
 backward 2.5x the forward, so forward+backward 3.5x.

@@ -1,5 +1,5 @@
 """The instrument of the llm section: the implementations of one shape timed in alternating
-batches, with the SM clock read after each batch.
+batches, with the SM clock and what limits it read after each batch.
 
 Timed one after the other, each implementation's runs sit in a block of their own, and a drift of
 the GPU (its clock under power or heat, a neighbour's load) lands on one block and not on the
@@ -7,7 +7,8 @@ next: their ratio then measures the drift as much as the kernels. Here each impl
 batch in every round and its median is over all of its batches. Each batch's median stays in the
 row (their spread says how steady it was), beside the SM clock NVML reported after it (a batch
 timed at a lower clock shows: an H200's args rows fell in two groups of batches 12% apart, in
-fixed's row and SDPA's alike, perf/NOTES.md v52).
+fixed's row and SDPA's alike, perf/NOTES.md v52) and what NVML said limited that clock (at the
+power cap, a row's clock follows its watts per cycle, not its luck: v63).
 
 A batch can also inherit what its predecessor left behind (the clock of a power-capped GPU, its
 heat), and a rotating order keeps the same predecessors together. An H200 bench with the order only
@@ -39,11 +40,25 @@ from bench.cases import SETTLE_AGREEMENT
 
 NVML_SUCCESS = 0
 NVML_CLOCK_SM = 1  # nvmlClockType_t
+# nvmlClocksEventReasons bits, the GPU-idle bit (0x1) left out: what holds the clock below its
+# maximum. Both fixed and cuDNN ran every issue-30 batch of an H200 at its power cap, at different
+# clocks for the same watts (perf/NOTES.md v63): there the clock is the cap's outcome.
+CLOCK_LIMITS = {
+    0x2: "applications clocks",
+    0x4: "power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "thermal (software)",
+    0x40: "thermal (hardware)",
+    0x80: "power brake",
+    0x100: "display clock",
+}
 
 
 class SmClock:
-    """The current SM clock of a CUDA device, in MHz, from NVML (libnvidia-ml, which every NVIDIA
-    driver installs, through ctypes: no Python package). `why_not` says why there is none."""
+    """The current SM clock of a CUDA device, in MHz, and what limits it, from NVML (libnvidia-ml,
+    which every NVIDIA driver installs, through ctypes: no Python package). `why_not` says why
+    there is none."""
 
     def __init__(self, device: torch.device):
         self.why_not: str | None = None
@@ -73,6 +88,19 @@ class SmClock:
         clock = ctypes.c_uint()
         status = self._nvml.nvmlDeviceGetClockInfo(self._handle, NVML_CLOCK_SM, ctypes.byref(clock))
         return clock.value if status == NVML_SUCCESS else None
+
+    def limits(self) -> list[str] | None:
+        """The names of CLOCK_LIMITS that NVML reports now (none: []), or None where unread."""
+        if self._nvml is None:
+            return None
+        reasons = ctypes.c_ulonglong()
+        try:  # the name since driver 535; the older one where it is missing
+            read = self._nvml.nvmlDeviceGetCurrentClocksEventReasons
+        except AttributeError:
+            read = getattr(self._nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        if read is None or read(self._handle, ctypes.byref(reasons)) != NVML_SUCCESS:
+            return None
+        return [name for bit, name in CLOCK_LIMITS.items() if reasons.value & bit]
 
 
 @dataclass
@@ -151,6 +179,7 @@ def alternate(
     for entry in entries:
         entry.row["batch_medians_ms"] = []
         entry.row["batch_sm_clock_mhz"] = []  # after each batch, beside its median; None: unread
+        entry.row["batch_clock_limits"] = []  # read with it: CLOCK_LIMITS' names, None: unread
         if settings.cuda:
             entry.row["batch_settle_ms"] = []  # each batch's untimed calls before it
     orders = williams_orders(len(entries))
@@ -180,6 +209,7 @@ def alternate(
             entry.row["batch_medians_ms"].append(statistics.median(times))
             mhz = clock.mhz()
             entry.row["batch_sm_clock_mhz"].append(mhz)
+            entry.row["batch_clock_limits"].append(clock.limits())
             if mhz is not None:
                 entry.clocks.append(mhz)
     for entry in entries:
@@ -187,6 +217,7 @@ def alternate(
         if row["status"] != "ok" or not entry.times:
             row.pop("batch_medians_ms", None)
             row.pop("batch_sm_clock_mhz", None)
+            row.pop("batch_clock_limits", None)
             row.pop("batch_settle_ms", None)
             continue
         row["median_ms"] = statistics.median(entry.times)

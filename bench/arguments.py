@@ -54,6 +54,7 @@ _COPIED = (
     "status",
     "batch_medians_ms",
     "batch_sm_clock_mhz",
+    "batch_clock_limits",
     "sm_clock_mhz",
 )
 

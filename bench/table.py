@@ -3,6 +3,7 @@ cells that are not a number, the skipped rows) and the chart of the LLM rows."""
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 
 from bench.cases import FWD, FWD_BWD, LLM_BARS, SETTLE_AGREEMENT, _groups
@@ -323,6 +324,11 @@ def _llm_instrument(rows, report) -> str:
         text += f"; SM clock after each batch {low:.0f}-{high:.0f} MHz ({where} in JSON)"
     elif report.get("sm_clock"):
         text += f"; SM clock: {report['sm_clock']}"
+    read = [names for r in rows for names in r.get("batch_clock_limits") or [] if names is not None]
+    if read:
+        counts = collections.Counter(name for names in read for name in names)
+        held = ", ".join(f"{name} in {n} of {len(read)}" for name, n in counts.most_common())
+        text += f"; its limits then (NVML): {held or f'none in {len(read)}'} batches"
     return text
 
 

@@ -239,18 +239,24 @@ def test_llm_rows_are_timed_in_alternating_batches(cpu_bench):
         assert len(row["batch_medians_ms"]) == settings.alternate_rounds, row
         assert row["runs"] >= settings.alternate_rounds and row["sm_clock_mhz"] is None, row
         assert row["batch_sm_clock_mhz"] == [None] * settings.alternate_rounds, row
+        assert row["batch_clock_limits"] == [None] * settings.alternate_rounds, row
     report = {"settings": settings.to_json(), "sm_clock": runner.clock.why_not}
     line = table._llm_instrument(list(rows.values()), report)
     assert f"over {settings.alternate_rounds} alternating batches" in line, line
     assert "SM clock: no CUDA device" in line, line
+    assert "limits" not in line, line  # none read: nothing said of them
 
 
 class FakeClock:
     def __init__(self):
         self.readings = iter(range(1000, 2000, 10))
+        self.limits_read = iter([["power cap"], [], ["power cap", "thermal (software)"]] * 9)
 
     def mhz(self):
         return next(self.readings)
+
+    def limits(self):
+        return next(self.limits_read)
 
 
 def test_alternate_rotates_the_order_and_records_every_batch():
@@ -284,9 +290,16 @@ def test_alternate_rotates_the_order_and_records_every_batch():
     assert all(
         entry.row["sm_clock_mhz"] == clock[1] for entry, clock in zip(entries, clocks, strict=True)
     )
+    # What limited the clock, read with it after each batch.
+    limits = [entry.row["batch_clock_limits"] for entry in entries]
+    assert limits[0] == [["power cap"], ["power cap", "thermal (software)"], []], limits
     line = table._llm_instrument([entry.row for entry in entries], {})
     assert "SM clock after each batch 1000-1080 MHz (each batch's in JSON)" in line, line
+    held = "power cap in 6 of 9, thermal (software) in 3 of 9 batches"
+    assert f"its limits then (NVML): {held}" in line, line
     # A run that kept each row's median only (before batch_sm_clock_mhz): its range.
+    unlimited = [{"batch_clock_limits": [[], [], None]}]  # None: that batch's went unread
+    assert "its limits then (NVML): none in 2 batches" in table._llm_instrument(unlimited, {})
     medians = [{"sm_clock_mhz": entry.row["sm_clock_mhz"]} for entry in entries]
     assert "batch 1030-1050 MHz (per row in JSON)" in table._llm_instrument(medians, {})
 
@@ -384,12 +397,13 @@ def test_alternate_marks_a_failing_row_and_times_the_others():
     alternate.alternate([bad, good], 2, settings, FakeClock(), timer)
     assert bad.row["status"] == "WRONG: a timed call failed: RuntimeError: launch failed", bad.row
     assert bad.row["median_ms"] is None and "batch_medians_ms" not in bad.row, bad.row
+    assert "batch_clock_limits" not in bad.row, bad.row
     assert good.row["median_ms"] == 1.0 and good.row["runs"] == 2, good.row
 
 
 def test_sm_clock_says_why_there_is_none():
     clock = alternate.SmClock(torch.device("cpu"))
-    assert clock.why_not == "no CUDA device" and clock.mhz() is None
+    assert clock.why_not == "no CUDA device" and clock.mhz() is None and clock.limits() is None
 
 
 def test_a_call_over_max_call_is_not_timed_nor_are_longer_ones(cpu_bench):
