@@ -8,7 +8,7 @@ batch in every round and its median is over all of its batches. Each batch's med
 row (their spread says how steady it was), beside the SM clock NVML reported after it (a batch
 timed at a lower clock shows: an H200's args rows fell in two groups of batches 12% apart, in
 fixed's row and SDPA's alike, perf/NOTES.md v52) and what NVML said limited that clock (at the
-power cap, a row's clock follows its watts per cycle, not its luck: v63).
+power cap, a row's clock follows the watts its kernel draws per cycle: v63).
 
 A batch can also inherit what its predecessor left behind (the clock of a power-capped GPU, its
 heat), and a rotating order keeps the same predecessors together. An H200 bench with the order only
@@ -41,8 +41,8 @@ from bench.cases import SETTLE_AGREEMENT
 NVML_SUCCESS = 0
 NVML_CLOCK_SM = 1  # nvmlClockType_t
 # nvmlClocksEventReasons bits, the GPU-idle bit (0x1) left out: what holds the clock below its
-# maximum. Both fixed and cuDNN ran every issue-30 batch of an H200 at its power cap, at different
-# clocks for the same watts (perf/NOTES.md v63): there the clock is the cap's outcome.
+# maximum. Both fixed and cuDNN ran 471 of 480 issue-30 batches of an H200 at its power cap, at
+# different clocks for the same watts (perf/NOTES.md v63): there the clock is the cap's outcome.
 CLOCK_LIMITS = {
     0x2: "applications clocks",
     0x4: "power cap",
