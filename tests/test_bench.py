@@ -297,9 +297,9 @@ def test_alternate_rotates_the_order_and_records_every_batch():
     assert "SM clock after each batch 1000-1080 MHz (each batch's in JSON)" in line, line
     held = "power cap in 6 of 9, thermal (software) in 3 of 9 batches"
     assert f"its limits then (NVML): {held}" in line, line
-    # A run that kept each row's median only (before batch_sm_clock_mhz): its range.
     unlimited = [{"batch_clock_limits": [[], [], None]}]  # None: that batch's went unread
     assert "its limits then (NVML): none in 2 batches" in table._llm_instrument(unlimited, {})
+    # A run that kept each row's median only (before batch_sm_clock_mhz): its range.
     medians = [{"sm_clock_mhz": entry.row["sm_clock_mhz"]} for entry in entries]
     assert "batch 1030-1050 MHz (per row in JSON)" in table._llm_instrument(medians, {})
 
