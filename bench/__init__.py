@@ -27,14 +27,14 @@ flatter small shapes. On the CPU each run is timed with perf_counter. A row whos
 longer than `--max-call` seconds is reported as skipped, and the whole run stops timing new rows
 once `--time-limit` is spent; both say so in the row's status. The llm rows of one shape and pass,
 and the args rows of one case, shape and pass, are timed together (alternate): each implementation
-runs one batch per round, so that a drift of the GPU's clock lands on all of them alike, in orders
-where each follows every other one equally often, each batch after untimed calls of its own (on a
-GPU, in chunks of `--settle` ms, 30 by default, until two chunks' medians agree within 1%, for at
-most `--settle-max` ms, 250 by default: what the previous batch left behind, its clock or heat, is
-not timed; an H200's clock took about 100 ms to recover after a heavy row, perf/NOTES.md v59);
-their rows keep each batch's median, the SM clock NVML read after it, what NVML said limited that
-clock (the power cap, heat) and its untimed milliseconds (batch_medians_ms, batch_sm_clock_mhz,
-batch_clock_limits, batch_settle_ms; sm_clock_mhz, the clocks' median).
+runs one batch per round (`--rounds`, 5 by default), so that a drift of the GPU's clock lands on all
+of them alike, in orders where each follows every other one equally often, each batch after untimed
+calls of its own (on a GPU, in chunks of `--settle` ms, 30 by default, until two chunks' medians
+agree within 1%, for at most `--settle-max` ms, 250 by default: what the previous batch left behind,
+its clock or heat, is not timed; an H200's clock took about 100 ms to recover after a heavy row,
+perf/NOTES.md v59); their rows keep each batch's median, the SM clock NVML read after it, what NVML
+said limited that clock (the power cap, heat) and its untimed milliseconds (batch_medians_ms,
+batch_sm_clock_mhz, batch_clock_limits, batch_settle_ms; sm_clock_mhz, the clocks' median).
 
 FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·L·S·D, halved when causal; the
 backward 2.5x the forward, so forward+backward 3.5x.

@@ -61,8 +61,8 @@ class Settings:
     overhead_shape: tuple[int, ...] = (1, 16, 64)
     overhead_batches: int = 7
     overhead_calls: int = 200
-    # The llm section times its implementations in this many alternating batches each
-    # (bench/alternate.py).
+    # The llm and args sections time their implementations in this many alternating batches
+    # each (bench/alternate.py; --rounds).
     alternate_rounds: int = 5
     # On a GPU each batch starts with its own calls, untimed, in chunks of about
     # alternate_settle_ms until two chunks agree, for at most about alternate_settle_max_ms
@@ -160,6 +160,7 @@ def make_settings(args, device: torch.device) -> Settings:
         "max_runs",
         "max_call_s",
         "time_limit_s",
+        "alternate_rounds",
         "alternate_settle_ms",
         "alternate_settle_max_ms",
     ):

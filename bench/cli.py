@@ -37,6 +37,16 @@ def _milliseconds(text: str) -> float:
     return value
 
 
+def _rounds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of rounds, 1 or more")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m kata bench",
@@ -80,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="S",
         help="rows whose single call takes longer are not timed (1 s; 0.5 s with --quick)",
+    )
+    parser.add_argument(
+        "--rounds",
+        dest="alternate_rounds",
+        type=_rounds,
+        metavar="N",
+        help="alternating batches per llm and args row (5; 3 with --quick): more of them to read "
+        "a ratio near 1.00x",
     )
     parser.add_argument(
         "--settle",

@@ -5,6 +5,7 @@ with tiny shapes; the args section's: test_bench_args.py. Timings are recorded, 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import time
@@ -172,6 +173,30 @@ def test_settle_sets_the_untimed_lead_of_each_batch_and_refuses_bad_values(capsy
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "--settle-max 40 is below --settle 50" in error, error
+
+
+def test_rounds_sets_the_alternating_batches_of_a_row_and_refuses_bad_values(cpu_bench, capsys):
+    """--rounds N: each llm and args row's alternating batches (5; 3 with --quick), so that a
+    ratio near 1.00x can be read from more of them; a bad value is one line and exit 2."""
+    parse = cli.build_parser().parse_args
+    cpu = torch.device("cpu")
+    assert cases.make_settings(parse([]), cpu).alternate_rounds == 5
+    assert cases.make_settings(parse(["--quick"]), cpu).alternate_rounds == 3
+    assert cases.make_settings(parse(["--quick", "--rounds", "7"]), cpu).alternate_rounds == 7
+    settings, impls = cpu_bench
+    settings = dataclasses.replace(settings, alternate_rounds=7)
+    _, rows = run_llm_shape(settings, impls, (impls.fixed, impls.sdpa), (1, 2, 64, 32), False)
+    for row in rows.values():
+        assert len(row["batch_medians_ms"]) == 7 and row["runs"] >= 7, row
+    assert "over 7 alternating batches" in table._llm_instrument(
+        list(rows.values()), {"settings": settings.to_json()}
+    )
+    for bad in ("0", "-2", "x", "2.5", ""):
+        with pytest.raises(SystemExit) as exit_:
+            parse(["--rounds", bad])
+        assert exit_.value.code == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "--rounds" in error and "Traceback" not in error, error
 
 
 # The GPU-only rows' logic, on the CPU: tiny bfloat16 shapes, SDPA's CPU flash kernel standing in
