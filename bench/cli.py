@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,23 +28,36 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"bench: {message} (see `{self.prog} --help`)\n")
 
 
-def _milliseconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds, 0 or more")
-    return value
+def _at_least(low: float, unit: str, whole: bool = False, above: bool = False):
+    """An argparse type: a finite number of `unit` (a whole one where `whole`), `low` or more
+    (more than `low` where `above`). Anything else is one line and exit 2 (_Parser.error), not a
+    traceback at the end of the run (an inf or nan in bench.json) nor a silently empty row."""
+
+    def parse(text: str) -> float:
+        try:
+            value = int(text) if whole else float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value > low if above else value >= low)):
+            bound = f"more than {low:g}" if above else f"{low:g} or more"
+            number = "whole number" if whole else "number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {number} of {unit}, {bound}")
+        return value
+
+    return parse
 
 
-def _rounds(text: str) -> int:
+_milliseconds = _at_least(0, "milliseconds")
+
+
+def _seed(text: str) -> int:
+    """torch.Generator.manual_seed's range; past it the run ended in its ValueError."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of rounds, 1 or more")
+        value = None
+    if value is None or not -(2**63) <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from -2**63 to 2**64 - 1")
     return value
 
 
@@ -58,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--only", nargs="+", choices=SECTIONS, metavar="SECTION", help="overhead, kata, llm, args"
     )
     parser.add_argument(
-        "--max-seq", type=int, metavar="N", help="skip sequence lengths above N (kata, llm, args)"
+        "--max-seq",
+        type=_at_least(1, "keys", whole=True),
+        metavar="N",
+        help="skip sequence lengths above N (kata, llm, args)",
     )
     parser.add_argument(
         "--json", type=Path, default=Path("bench.json"), help="where the rows go (bench.json)"
@@ -70,31 +87,37 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="print the table of a run's JSON again, with this version's marks; times nothing",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
+    parser.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (0)")
     parser.add_argument(
         "--budget",
         dest="budget_s",
-        type=float,
+        type=_at_least(0, "seconds"),
         metavar="S",
         help="seconds of timed runs per row (1; 0.25 with --quick)",
     )
     parser.add_argument(
-        "--min-runs", type=int, metavar="N", help="timed runs per row at least (5; 3 with --quick)"
+        "--min-runs",
+        type=_at_least(1, "runs", whole=True),
+        metavar="N",
+        help="timed runs per row at least (5; 3 with --quick)",
     )
     parser.add_argument(
-        "--max-runs", type=int, metavar="N", help="timed runs per row at most (50; 10 with --quick)"
+        "--max-runs",
+        type=_at_least(1, "runs", whole=True),
+        metavar="N",
+        help="timed runs per row at most (50; 10 with --quick)",
     )
     parser.add_argument(
         "--max-call",
         dest="max_call_s",
-        type=float,
+        type=_at_least(0, "seconds", above=True),
         metavar="S",
         help="rows whose single call takes longer are not timed (1 s; 0.5 s with --quick)",
     )
     parser.add_argument(
         "--rounds",
         dest="alternate_rounds",
-        type=_rounds,
+        type=_at_least(1, "rounds", whole=True),
         metavar="N",
         help="alternating batches per llm and args row (5; 3 with --quick): more of them to read "
         "a ratio near 1.00x",
@@ -118,11 +141,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--time-limit",
         dest="time_limit_s",
-        type=float,
+        type=_at_least(0, "seconds"),  # 0: time nothing, every row says why
         metavar="S",
         help="time no new row after this many seconds (600; 90 with --quick)",
     )
     return parser
+
+
+def json_destination_problem(path: Path) -> str | None:
+    """Why the rows could not be written to `path`, found before any timing (a full GPU run takes
+    minutes, and the JSON is written last), or None."""
+    if path.is_dir():
+        return f"--json {path} is a directory"
+    blocker = next((p for p in (path.parent, *path.parent.parents) if p.is_file()), None)
+    if blocker is not None:
+        return f"--json {path}: {blocker} is a file, not a folder"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"--json {path} is not writable"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"--json {path}: cannot make its folder: {error.strerror or error}"
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        return f"--json {path}: its folder is not writable"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         print(table_of(args.table, parser))
         return 0
+    problem = json_destination_problem(args.json)
+    if problem:
+        parser.error(problem)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     settings = make_settings(args, device)
     if settings.alternate_settle_max_ms < settings.alternate_settle_ms:
@@ -153,8 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         "rows": bench.rows,
     }
     print(format_table(report))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    try:
+        args.json.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    except OSError as error:  # changed during the run: the table above is all there is
+        print(f"bench: could not write {args.json}: {error.strerror or error}", file=sys.stderr)
+        return 1
     png = args.png or args.json.with_suffix(".png")
     try:
         png.parent.mkdir(parents=True, exist_ok=True)

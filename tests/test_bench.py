@@ -135,46 +135,6 @@ def test_every_row_has_the_documented_fields(quick_report):
         }, row
 
 
-def test_time_limit_skips_rows_with_the_reason(tmp_path, capsys):
-    path = tmp_path / "b.json"
-    argv = ["--quick", "--only", "kata", "--time-limit", "0", "--json", str(path)]
-    assert cli.main(argv) == 0
-    rows = json.loads(path.read_text())["rows"]
-    assert rows and all("--time-limit" in row["status"] for row in rows), rows
-    assert "Skipped rows:" in capsys.readouterr().out
-
-
-def test_settle_sets_the_untimed_lead_of_each_batch_and_refuses_bad_values(capsys):
-    """--settle MS, --settle-max MS: each alternating batch's untimed calls come in chunks of
-    --settle until two agree, for at most --settle-max (GPU power states take about 100 ms to
-    settle, perf/NOTES.md v59); --quick, or a --settle above the default longest, is a fixed
-    settle; a bad value is one line and exit 2."""
-    parse = cli.build_parser().parse_args
-    cpu = torch.device("cpu")
-    settings = cases.make_settings(parse([]), cpu)
-    assert (settings.alternate_settle_ms, settings.alternate_settle_max_ms) == (30.0, 250.0)
-    assert settings.time_limit_s == 600.0  # a full run's settling fits
-    settings = cases.make_settings(parse(["--settle", "50", "--settle-max", "100"]), cpu)
-    assert (settings.alternate_settle_ms, settings.alternate_settle_max_ms) == (50.0, 100.0)
-    settings = cases.make_settings(parse(["--settle", "300"]), cpu)
-    assert (settings.alternate_settle_ms, settings.alternate_settle_max_ms) == (300.0, 300.0)
-    settings = cases.make_settings(parse(["--quick"]), cpu)
-    assert settings.alternate_settle_max_ms == settings.alternate_settle_ms == 30.0
-    assert alternate.settle_calls(250.0, 0.5) == 500
-    for flag in ("--settle", "--settle-max"):
-        for bad in ("-1", "x", "inf", "nan"):
-            with pytest.raises(SystemExit) as exit_:
-                parse([flag, bad])
-            assert exit_.value.code == 2
-            error = capsys.readouterr().err
-            assert error.count("\n") == 1 and flag in error and "Traceback" not in error, error
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["--settle", "50", "--settle-max", "40", "--only", "kata"])
-    assert exit_.value.code == 2
-    error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "--settle-max 40 is below --settle 50" in error, error
-
-
 def test_rounds_sets_the_alternating_batches_of_a_row_and_refuses_bad_values(cpu_bench, capsys):
     """--rounds N: each llm and args row's alternating batches (5; 3 with --quick), so that a
     ratio near 1.00x can be read from more of them; a bad value is one line and exit 2."""
