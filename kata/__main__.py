@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 import warnings
 
@@ -44,11 +45,17 @@ def _build(args) -> int:
     return 0
 
 
+def _gpu_code(text: str) -> str:
+    if not re.fullmatch(r"sm_\d{2,3}[af]?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU code as nvcc writes them (sm_90)")
+    return text
+
+
 def _check_cuda(args) -> int:
     from kata.toolchain.builders import compile_check_cuda, cuda_checks
 
     checks = cuda_checks(args.arch)
-    ran = compile_check_cuda(checks)
+    ran = compile_check_cuda(checks, lambda line: print(f"kata: check-cuda: {line}", flush=True))
     for check in checks:
         how = "" if check.optimised else " (alone, unoptimised)"
         print(f"nvcc {check.arch}: {check.source.relative_to(REPO_ROOT)}{how}")
@@ -118,7 +125,12 @@ def main(argv=None) -> int:
     build.set_defaults(run=_build)
 
     check = commands.add_parser("check-cuda", help="compile-check the CUDA sources with nvcc")
-    check.add_argument("--arch", default="sm_90")
+    check.add_argument(
+        "--arch",
+        default="sm_90",
+        type=_gpu_code,
+        help="the GPU code of the checks other than sm_90a's (sm_90)",
+    )
     check.set_defaults(run=_check_cuda)
 
     checksum = commands.add_parser("checksum", help="is flawed/ as shipped?")

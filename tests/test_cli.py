@@ -122,6 +122,13 @@ def test_bad_arguments_are_one_line_not_a_usage_block():
     one_line_error(kata("hint"))
 
 
+@pytest.mark.parametrize("arch", ["bogus", "sm_9", "90", "sm_90b"])
+def test_check_cuda_refuses_what_is_not_a_gpu_code(arch):
+    """Before: a bad --arch compiled the sm_90a kernels for minutes, silently, then failed."""
+    line = one_line_error(kata("check-cuda", "--arch", arch))
+    assert line.startswith(f"kata: argument --arch: {arch!r} is not a GPU code as nvcc"), line
+
+
 def test_markdown_target_is_checked_before_the_review(tmp_path):
     target = tmp_path / "missing" / "report.md"
     line = one_line_error(kata("review", "--only", "shape", "--markdown", str(target)))

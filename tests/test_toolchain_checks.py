@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 
 import pytest
 
@@ -62,6 +63,50 @@ def test_a_passed_cuda_check_reruns_only_when_an_input_changes(tmp_path, monkeyp
     assert builders.compile_check_cuda(unoptimised) and "-O0" in compiled[2]
     header.write_text("// v2\n")
     assert builders.compile_check_cuda(sm90) and len(compiled) == 4
+
+
+def fake_nvcc(tmp_path, codes: str):
+    """An nvcc whose --list-gpu-code prints `codes`."""
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\nprintf '{codes}'\n")
+    nvcc.chmod(0o755)
+    return str(nvcc)
+
+
+def test_a_gpu_code_nvcc_lacks_fails_before_any_compile(tmp_path, monkeypatch):
+    """A GPU code the installed nvcc does not list fails at once, naming those it does: before,
+    the sm_90a compiles ran their minutes first. sm_90a counts as sm_90's."""
+    compiled = []
+    nvcc = fake_nvcc(tmp_path, "sm_80\\nsm_90\\n")
+    monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
+    monkeypatch.setattr(builders, "_require_tool", lambda *_: nvcc)
+    monkeypatch.setattr(builders, "_run_compiler", lambda command, _: compiled.append(command))
+    monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: [])
+    kernel = tmp_path / "kernel.cuh"
+    kernel.write_text("// the kernels\n")
+    checks = [builders.CudaCheck(kernel, "sm_90a"), builders.CudaCheck(kernel, "sm_91")]
+    with pytest.raises(KataError) as failure:
+        builders.compile_check_cuda(checks)
+    assert str(failure.value) == (
+        "cannot compile-check CUDA sources: nvcc does not compile for sm_91; it does: sm_80, sm_90"
+    )
+    assert compiled == []
+    assert builders.compile_check_cuda(checks[:1]) and len(compiled) == 1
+
+
+def test_a_long_cuda_check_says_how_far_it_is(tmp_path, monkeypatch):
+    """Nothing waits silently: the sm_90a compiles take minutes on two cores."""
+    monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
+    monkeypatch.setattr(builders, "_require_tool", lambda *_: fake_nvcc(tmp_path, "sm_90\\n"))
+    monkeypatch.setattr(builders, "_run_compiler", lambda command, _: time.sleep(0.5) or "")
+    monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: [])
+    kernel = tmp_path / "kernel.cuh"
+    kernel.write_text("// the kernels\n")
+    heard = []
+    checks = [builders.CudaCheck(kernel, "sm_90"), builders.CudaCheck(kernel, "sm_90a")]
+    assert builders.compile_check_cuda(checks, heard.append, every_s=0.1)
+    assert heard and all(line.startswith("still compiling (") for line in heard), heard
+    assert heard[0].endswith("of 2 checks done)"), heard
 
 
 # ptxas's advisories as it printed them (nvcc 13.0, sm_90a): one that it serialized the wgmma of

@@ -16,7 +16,8 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -377,10 +378,30 @@ CUDA_CHECKS_DIR = BUILD_DIR / "cuda-checks"  # one empty file per passed check, 
 _CHECK_RULES = "nvcc exits 0; ptxas serializes no wgmma"
 
 
-def compile_check_cuda(checks: list[CudaCheck]) -> bool:
+def _unknown_gpu_code(nvcc: str, arches: set[str]) -> str | None:
+    """Why nvcc cannot compile for one of `arches` (its --list-gpu-code lacks it; sm_90a is
+    sm_90's), or None, also where this nvcc cannot list them."""
+    try:
+        listed = subprocess.run(
+            [nvcc, "--list-gpu-code"], capture_output=True, text=True, timeout=60
+        ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for arch in sorted(arches):
+        if listed and arch.rstrip("af") not in listed:
+            return f"{Path(nvcc).name} does not compile for {arch}; it does: {', '.join(listed)}"
+    return None
+
+
+def compile_check_cuda(
+    checks: list[CudaCheck],
+    progress: Callable[[str], None] | None = None,
+    every_s: float = 30.0,
+) -> bool:
     """Run nvcc's checks side by side (no GPU needed, nothing runs). Skipped, returning False,
     when the same checks passed before: the same nvcc, flags and arches over the same bytes of
-    the sources and of every file they may include (their directories'); True when run."""
+    the sources and of every file they may include (their directories'); True when run. The
+    sm_90a kernels take minutes on two cores: `progress` hears how far they are every every_s."""
     purpose = "compile-check CUDA sources"
     nvcc = _require_tool("nvcc", purpose, "install the CUDA toolkit or put it on PATH")
     commands = [nvcc_command(nvcc, check) for check in checks]
@@ -388,11 +409,23 @@ def compile_check_cuda(checks: list[CudaCheck]) -> bool:
     passed = CUDA_CHECKS_DIR / _check_digest(nvcc, commands, sources)
     if passed.exists():
         return False
+    unknown = _unknown_gpu_code(nvcc, {check.arch for check in checks})
+    if unknown:  # before minutes of the other compiles, which end in the same failure
+        raise KataError(f"cannot {purpose}: {unknown}")
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(os.cpu_count()) as pool:
         compiles = [
             pool.submit(_run_compiler, [*command, "-o", f"{scratch}/{n}.o"], purpose)
             for n, command in enumerate(commands)
         ]
+        started, pending = time.monotonic(), set(compiles)
+        while pending:
+            pending = wait(pending, timeout=every_s).not_done
+            if pending and progress is not None:
+                done = len(compiles) - len(pending)
+                progress(
+                    f"still compiling ({time.monotonic() - started:.0f} s so far; "
+                    f"{done} of {len(compiles)} checks done)"
+                )
         for check, compiled in zip(checks, compiles, strict=True):
             output = compiled.result()  # the first failure, in the order of `checks`
             serialized = serialized_wgmma(output) if check.optimised else []
