@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def json_destination_problem(path: Path) -> str | None:
     """Why the rows could not be written to `path`, found before any timing (a full GPU run takes
-    minutes, and the JSON is written last), or None."""
+    minutes, and the JSON is written last), or None, having made its folder."""
     if path.is_dir():
         return f"--json {path} is a directory"
     blocker = next((p for p in (path.parent, *path.parent.parents) if p.is_file()), None)
