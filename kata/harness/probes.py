@@ -10,6 +10,7 @@ probes require the capability to work.
 
 from __future__ import annotations
 
+import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +47,18 @@ DTYPE_NAMES = {
     torch.float16: ("float16", "half", "fp16", "f16"),
     torch.bfloat16: ("bfloat16", "bf16"),
     torch.float64: ("float64", "double", "fp64", "f64"),
+    torch.int32: ("int32", "int"),
+    torch.int64: ("int64", "long"),
+    torch.int16: ("int16", "short"),
+    torch.uint8: ("uint8", "byte"),
+    torch.bool: ("bool", "boolean"),
+    torch.complex64: ("complex64", "complex", "cfloat", "complexfloat"),
 }
+# Tensors with no attention to compute, for the dtype probe: int32, the width of float32, always
+# (a check of the element size lets it through), and one of the others, a different one per seed
+# (a check that lists the dtypes it refuses, rather than requiring float32, passes the float
+# cases and reads these bytes as float32 too).
+NOT_FLOATING = (torch.int64, torch.int16, torch.uint8, torch.bool, torch.complex64)
 EXPECTED_DTYPE = ("float32", "float", "fp32", "f32", "single")
 
 
@@ -65,8 +77,25 @@ def probe_dtype(ctx: ProbeContext) -> Verdict:
         inputs[ARGUMENTS.index(argument)] = inputs[ARGUMENTS.index(argument)].to(dtype)
         name = f"{dtype_name(dtype)} {argument}, float32 others"
         cases.append(_dtype_case(name, tuple(inputs), (argument,), dtype))
+    for dtype in (torch.int32, random.Random(f"{ctx.seed}/dtype").choice(NOT_FLOATING)):
+        inputs = tuple(_not_floating(t, dtype) for t in ctx.inputs(2, 64, 64))
+        mentions = (*ARGUMENTS, *DTYPE_NAMES[dtype], *EXPECTED_DTYPE)
+        # No answer to compute (SDPA refuses them too): only a loud error will do.
+        args = frozenset(ARGUMENTS)
+        cases.append(Case(f"{dtype_name(dtype)} inputs", inputs, mentions, args, defined=False))
     outcomes = [judge(ctx, case) for case in cases]
     return verdict(ctx, outcomes, control=valid_call_works(ctx), per_argument=True)
+
+
+def _not_floating(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Standard-normal `values` as `dtype`, with few zeros: integers to about +-100 (0 to 200
+    unsigned), a sign as bool, complex with an imaginary part of its own."""
+    if dtype is torch.bool:
+        return values > 0
+    if dtype.is_complex:
+        return torch.complex(values, values.roll(1, -1)).to(dtype)
+    scaled = (values * 50).round()
+    return (scaled.abs() if dtype is torch.uint8 else scaled).to(dtype)
 
 
 def _dtype_case(name, inputs, arguments, dtype) -> Case:
@@ -90,6 +119,9 @@ def _shape_words(*tensors) -> tuple[str, ...]:
         sizes = ", ".join(str(size) for size in t.shape)
         words |= {f"({sizes})", f"[{sizes}]", f"{t.dim()}-d", f"{t.dim()}d"}
     return tuple(sorted(words))
+
+
+WIDE_HEAD_DIMS = (80, 96, 128, 256)
 
 
 def probe_shape(ctx: ProbeContext) -> Verdict:
@@ -121,6 +153,11 @@ def probe_shape(ctx: ProbeContext) -> Verdict:
         name = f"{argument} of shape {tuple(wrong.shape)}, the others (2, 64, 64)"
         mentions = (argument, *words, *_shape_words(wrong))
         cases.append(Case(name, inputs, mentions, frozenset({argument}), defined=False))
+    # A head dim above 64 too, a different one per seed: a check for too few elements (the
+    # kernel's reads past the end) lets it through, and the kernel then reads rows at a 64 stride.
+    wide = random.Random(f"{ctx.seed}/shape").choice(WIDE_HEAD_DIMS)
+    words = (*ARGUMENTS, str(wide), "64")
+    cases.append(Case(f"head dim {wide}", ctx.inputs(2, 64, wide), words, frozenset(ARGUMENTS)))
     outcomes = [judge(ctx, case) for case in cases]
     return verdict(ctx, outcomes, control=valid_call_works(ctx), per_argument=True)
 
