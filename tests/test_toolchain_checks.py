@@ -49,7 +49,9 @@ def test_a_passed_cuda_check_reruns_only_when_an_input_changes(tmp_path, monkeyp
     compiled = []
     monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
     monkeypatch.setattr(builders, "_require_tool", lambda *_: sys.executable)
-    monkeypatch.setattr(builders, "_run_compiler", lambda command, _: compiled.append(command))
+    monkeypatch.setattr(
+        builders, "_run_compiler", lambda command, _, **__: compiled.append(command)
+    )
     monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: ["-DFLAG"])
     kernel, header = tmp_path / "kernel.cuh", tmp_path / "common.cuh"
     kernel.write_text('#include "common.cuh"\n')
@@ -80,7 +82,9 @@ def test_a_gpu_code_nvcc_lacks_fails_before_any_compile(tmp_path, monkeypatch):
     nvcc = fake_nvcc(tmp_path, "sm_80\\nsm_90\\n")
     monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
     monkeypatch.setattr(builders, "_require_tool", lambda *_: nvcc)
-    monkeypatch.setattr(builders, "_run_compiler", lambda command, _: compiled.append(command))
+    monkeypatch.setattr(
+        builders, "_run_compiler", lambda command, _, **__: compiled.append(command)
+    )
     monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: [])
     kernel = tmp_path / "kernel.cuh"
     kernel.write_text("// the kernels\n")
@@ -98,7 +102,7 @@ def test_a_long_cuda_check_says_how_far_it_is(tmp_path, monkeypatch):
     """Nothing waits silently: the sm_90a compiles take minutes on two cores."""
     monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
     monkeypatch.setattr(builders, "_require_tool", lambda *_: fake_nvcc(tmp_path, "sm_90\\n"))
-    monkeypatch.setattr(builders, "_run_compiler", lambda command, _: time.sleep(0.5) or "")
+    monkeypatch.setattr(builders, "_run_compiler", lambda command, _, **__: time.sleep(0.5) or "")
     monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: [])
     kernel = tmp_path / "kernel.cuh"
     kernel.write_text("// the kernels\n")
@@ -107,6 +111,39 @@ def test_a_long_cuda_check_says_how_far_it_is(tmp_path, monkeypatch):
     assert builders.compile_check_cuda(checks, heard.append, every_s=0.1)
     assert heard and all(line.startswith("still compiling (") for line in heard), heard
     assert heard[0].endswith("of 2 checks done)"), heard
+
+
+def test_the_first_failed_cuda_check_ends_the_others_at_once(tmp_path, monkeypatch):
+    """A broken header is reported when its compile fails, not after minutes of the others: the
+    compiles still running are killed with what they started (nvcc's cicc and ptxas, here a
+    child that would sleep a minute) and those not begun never start."""
+    monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
+    monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: [])
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    nvcc, ran = tmp_path / "nvcc", tmp_path / "ran"
+    nvcc.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in --*) echo sm_90; exit 0;; esac\n'  # --list-gpu-code, --version
+        f'for a; do case $a in *.cuh) echo "$a" >> {ran};; esac; done\n'
+        'case "$*" in *broken.cuh*) echo "broken.cuh(1): error: expected a ;" >&2; exit 1;; esac\n'
+        f"sleep 60 & echo $! >> {tmp_path / 'children'}; wait\n"
+    )
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(builders, "_require_tool", lambda *_: str(nvcc))
+    slow, broken, never = (tmp_path / f"{name}.cuh" for name in ("slow", "broken", "never"))
+    for source in (slow, broken, never):
+        source.write_text("// a kernel\n")
+    checks = [builders.CudaCheck(source, "sm_90") for source in (slow, broken, never)]
+    began = time.monotonic()
+    with pytest.raises(KataError, match=r"nvcc failed:\nbroken.cuh\(1\): error: expected a ;"):
+        builders.compile_check_cuda(checks)
+    assert time.monotonic() - began < 30
+    assert "never.cuh" not in ran.read_text()
+    [child] = (tmp_path / "children").read_text().split()
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        time.sleep(0.05)  # killed; the kernel removes its entry once it is reaped
+    assert not os.path.exists(f"/proc/{child}"), "the slow compile's child still runs"
 
 
 # ptxas's advisories as it printed them (nvcc 13.0, sm_90a): one that it serialized the wgmma of
@@ -133,7 +170,7 @@ def test_a_serialized_wgmma_fails_the_cuda_check(tmp_path, monkeypatch):
     outputs = []
     monkeypatch.setattr(builders, "CUDA_CHECKS_DIR", tmp_path / "checks")
     monkeypatch.setattr(builders, "_require_tool", lambda *_: sys.executable)
-    monkeypatch.setattr(builders, "_run_compiler", lambda command, _: outputs[0])
+    monkeypatch.setattr(builders, "_run_compiler", lambda command, _, **__: outputs[0])
     monkeypatch.setattr(builders, "_torch_nvcc_flags", lambda: [])
     kernel = tmp_path / "kernel.cuh"
     kernel.write_text("// the kernels\n")

@@ -11,13 +11,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,17 +48,46 @@ def _require_tool(tool: str, purpose: str, remedy: str) -> str:
 COMPILER_TIMEOUT_S = 600  # the slowest compile here, nvcc on the vendor kernel, takes seconds
 
 
-def _run_compiler(command: list[str], purpose: str) -> str:
-    """Run a compiler; its output (stdout, then stderr) where it succeeds."""
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        name = Path(command[0]).name
-        raise KataError(f"cannot {purpose}: {name} ran past {COMPILER_TIMEOUT_S} s") from None
-    if result.returncode != 0:
-        output = (result.stderr or result.stdout).strip()
-        raise KataError(f"cannot {purpose}: {Path(command[0]).name} failed:\n{output}")
-    return (result.stdout or "") + (result.stderr or "")
+def _run_compiler(
+    command: list[str],
+    purpose: str,
+    started: Callable[[subprocess.Popen], None] | None = None,
+) -> str:
+    """Run a compiler; its output (stdout, then stderr) where it succeeds. With `started`
+    (compile_check_cuda's), the compiler runs in a process group of its own and is handed over
+    as it starts, so that _end_group can end it with what it started (nvcc's cicc and ptxas)."""
+    name = Path(command[0]).name
+    own_group = started is not None
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        process_group=0 if own_group else None,
+    ) as process:
+        if started is not None:
+            started(process)
+        try:
+            stdout, stderr = process.communicate(timeout=COMPILER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            if own_group:
+                _end_group(process)
+            else:
+                process.kill()
+            process.communicate()
+            raise KataError(f"cannot {purpose}: {name} ran past {COMPILER_TIMEOUT_S} s") from None
+    if process.returncode != 0:
+        output = (stderr or stdout).strip()
+        raise KataError(f"cannot {purpose}: {name} failed:\n{output}")
+    return (stdout or "") + (stderr or "")
+
+
+def _end_group(process: subprocess.Popen) -> None:
+    """Kill a compiler that runs in a group of its own, with every process in that group (a
+    killed nvcc alone would leave its children writing to the pipes it is read through)."""
+    if process.poll() is None:  # one that has ended waited for its children
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _write_text_atomically(path: Path, text: str) -> None:
@@ -412,22 +442,45 @@ def compile_check_cuda(
     unknown = _unknown_gpu_code(nvcc, {check.arch for check in checks})
     if unknown:  # before minutes of the other compiles, which end in the same failure
         raise KataError(f"cannot {purpose}: {unknown}")
+    # The first failure ends the rest: the compiles not begun never start, and those running
+    # are killed, so a broken header is reported in seconds, not after minutes of sm_90a kernels.
+    failed, running = threading.Event(), []
+
+    def started(process: subprocess.Popen) -> None:
+        running.append(process)
+        if failed.is_set():  # it began as the first failure was found
+            _end_group(process)
+
+    def compile_one(n: int, command: list[str]) -> str | None:
+        if failed.is_set():
+            return None
+        try:
+            return _run_compiler([*command, "-o", f"{scratch}/{n}.o"], purpose, started=started)
+        except BaseException:
+            failed.set()  # here, before this worker takes the next compile
+            raise
+
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(os.cpu_count()) as pool:
-        compiles = [
-            pool.submit(_run_compiler, [*command, "-o", f"{scratch}/{n}.o"], purpose)
-            for n, command in enumerate(commands)
-        ]
-        started, pending = time.monotonic(), set(compiles)
-        while pending:
-            pending = wait(pending, timeout=every_s).not_done
-            if pending and progress is not None:
-                done = len(compiles) - len(pending)
-                progress(
-                    f"still compiling ({time.monotonic() - started:.0f} s so far; "
-                    f"{done} of {len(compiles)} checks done)"
-                )
+        compiles = [pool.submit(compile_one, n, command) for n, command in enumerate(commands)]
+        started_at, pending = time.monotonic(), set(compiles)
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=every_s, return_when=FIRST_EXCEPTION)
+                if first := next((c for c in done if c.exception() is not None), None):
+                    raise first.exception()
+                if pending and progress is not None:
+                    finished = len(compiles) - len(pending)
+                    progress(
+                        f"still compiling ({time.monotonic() - started_at:.0f} s so far; "
+                        f"{finished} of {len(compiles)} checks done)"
+                    )
+        except BaseException:  # that failure, or Ctrl-C (which the compilers' groups miss)
+            failed.set()
+            for process in running:
+                _end_group(process)
+            raise
         for check, compiled in zip(checks, compiles, strict=True):
-            output = compiled.result()  # the first failure, in the order of `checks`
+            output = compiled.result()
             serialized = serialized_wgmma(output) if check.optimised else []
             if serialized:
                 where = f"{check.source.name}, {check.arch}"
