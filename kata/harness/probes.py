@@ -77,10 +77,10 @@ def probe_dtype(ctx: ProbeContext) -> Verdict:
         inputs[ARGUMENTS.index(argument)] = inputs[ARGUMENTS.index(argument)].to(dtype)
         name = f"{dtype_name(dtype)} {argument}, float32 others"
         cases.append(_dtype_case(name, tuple(inputs), (argument,), dtype))
+    # No attention to compute (SDPA refuses them too): only a loud error will do.
     for dtype in (torch.int32, random.Random(f"{ctx.seed}/dtype").choice(NOT_FLOATING)):
         inputs = tuple(_not_floating(t, dtype) for t in ctx.inputs(2, 64, 64))
         mentions = (*ARGUMENTS, *DTYPE_NAMES[dtype], *EXPECTED_DTYPE)
-        # No answer to compute (SDPA refuses them too): only a loud error will do.
         args = frozenset(ARGUMENTS)
         cases.append(Case(f"{dtype_name(dtype)} inputs", inputs, mentions, args, defined=False))
     outcomes = [judge(ctx, case) for case in cases]
